@@ -1,0 +1,115 @@
+"""The `datapipe` command: run recipes, inspect their output, list recipes, train tokenizers."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from datapipe.config import RecipeError, load_recipe
+
+console = Console(stderr=True)
+REPO_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (RecipeError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]: finished shards are kept; unfinished ones are .tmp files")
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="datapipe", description=__doc__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run a recipe: sources -> stages -> packed shards")
+    run.add_argument("recipe", help="a recipe YAML file, e.g. recipes/demo.yaml")
+    run.add_argument("--out", type=Path, help="output folder (default: out/<recipe name>)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a recipe field, e.g. --set pack.seq_len=4096 (repeatable)")
+    run.add_argument("--ray-address", help="join this Ray cluster (default: RAY_ADDRESS, else local Ray)")
+    run.set_defaults(handler=cmd_run)
+
+    inspect = commands.add_parser("inspect", help="summarize a run's output folder")
+    inspect.add_argument("out_dir", type=Path)
+    inspect.add_argument("--samples", type=int, default=2, help="decoded samples to show per stage")
+    inspect.set_defaults(handler=cmd_inspect)
+
+    recipes = commands.add_parser("recipes", help="list recipes, one line each")
+    recipes.add_argument("--dir", type=Path, default=None, help="folder of recipes (default: ./recipes)")
+    recipes.set_defaults(handler=cmd_recipes)
+
+    tokenizer = commands.add_parser("tokenizer", help="tokenizer tools")
+    tokenizer_commands = tokenizer.add_subparsers(required=True, metavar="ACTION")
+    train = tokenizer_commands.add_parser("train", help="train a byte-level BPE tokenizer")
+    train.add_argument("inputs", nargs="+", help="a recipe YAML (its sources are read) or text/JSONL files")
+    train.add_argument("--vocab-size", type=int, required=True)
+    train.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json")
+    train.set_defaults(handler=cmd_tokenizer_train)
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from datapipe.report import summary_table
+    from datapipe.runner import run_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    out = args.out or Path("out") / recipe.name
+    stats = run_recipe(recipe, out, args.ray_address, console)
+    console.print(summary_table(stats, f"{recipe.name} -> {out}"))
+    return 0 if stats["balanced"] else 1
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from datapipe.inspect import inspect_run
+
+    inspect_run(args.out_dir, args.samples, console)
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    folder = args.dir or (Path("recipes") if Path("recipes").is_dir() else REPO_RECIPES)
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            description = load_recipe(path).description or "(no description)"
+        except RecipeError as err:
+            description = f"[red]invalid:[/red] {str(err).splitlines()[-1].strip()}"
+        console.print(f"[bold]{path}[/bold]  {description}", highlight=False)
+    return 0
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    from tokenizer.bpe import train_tokenizer
+
+    texts = iter_training_texts(args.inputs)
+    tokenizer = train_tokenizer(texts, args.vocab_size)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(args.out / "tokenizer.json"))
+    console.print(f"wrote {args.out / 'tokenizer.json'} ({tokenizer.get_vocab_size():,} tokens)")
+    return 0
+
+
+def iter_training_texts(inputs: list[str]):
+    from datapipe.config import SourceConfig
+    from datapipe.sources import iter_recipe_documents, read_jsonl
+
+    for name in inputs:
+        if name.endswith((".yaml", ".yml")):
+            docs = iter_recipe_documents(load_recipe(name))
+        elif ".jsonl" in name:
+            docs = read_jsonl(SourceConfig(name="train", type="jsonl"), name)
+        else:
+            yield Path(name).read_text(encoding="utf-8", errors="replace")
+            continue
+        yield from (doc["text"] for doc in docs if not doc["reject"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

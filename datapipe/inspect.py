@@ -1,0 +1,69 @@
+"""`datapipe inspect OUT_DIR`: what a run wrote, read back from its files alone."""
+from __future__ import annotations
+
+import json
+from itertools import islice
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from datapipe.report import summary_table
+from datapipe.shards import MANIFEST, read_manifest
+from datapipe.stream import stream
+
+
+def inspect_run(out_dir: Path, n_samples: int, console: Console) -> None:
+    stats_path = out_dir / "stats.json"
+    if not stats_path.is_file():
+        raise FileNotFoundError(f"{stats_path}: not a datapipe output folder (no stats.json); run `datapipe run` first")
+    console.print(summary_table(json.loads(stats_path.read_text()), f"run {out_dir}"))
+    decode = load_decoder(out_dir)
+    for folder in sorted(p.parent for p in out_dir.glob(f"*/{MANIFEST}")):
+        console.print(stage_table(folder))
+        for sample in islice(stream(folder), n_samples):
+            first_len = int(sample["doc_lens"][0])
+            text = decode(sample["tokens"][:first_len].tolist()) if decode else "(no tokenizer to decode)"
+            console.print(f"[bold]{sample['key']}[/bold] docs={len(sample['doc_lens'])} pad={sample['num_pad']} "
+                          f"first={sample['doc_ids'][0]}:\n{text[:400]!r}", highlight=False)
+    show_reject_examples(out_dir / "rejects" / "rejects.jsonl", console)
+
+
+def stage_table(folder: Path) -> Table:
+    manifest = read_manifest(folder)
+    table = Table(title=f"stage {manifest.get('stage', folder.name)} ({folder})")
+    for column in ("shards", "samples", "seq_len", "tokens", "fill"):
+        table.add_column(column, justify="right")
+    capacity = manifest["samples"] * manifest.get("seq_len", 0)
+    fill = f"{manifest['tokens'] / capacity:.2%}" if capacity else "-"
+    table.add_row(str(len(manifest["shards"])), f"{manifest['samples']:,}", f"{manifest.get('seq_len', 0):,}",
+                  f"{manifest['tokens']:,}", fill)
+    return table
+
+
+def load_decoder(out_dir: Path):
+    """The run's tokenizer (from recipe.json) as a decode function, or None."""
+    from tokenizer.bpe import load_tokenizer
+
+    recipe_path = out_dir / "recipe.json"
+    if not recipe_path.is_file():
+        return None
+    stages = json.loads(recipe_path.read_text()).get("stages", [])
+    names = [s["tokenizer"] for s in stages if s.get("stage") == "tokenize"]
+    try:
+        return load_tokenizer(names[0]).decode if names else None
+    except FileNotFoundError:
+        return None
+
+
+def show_reject_examples(path: Path, console: Console) -> None:
+    """One example line per reject reason, so a user sees what each reason looks like."""
+    if not path.is_file():
+        return
+    seen: dict[str, dict] = {}
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            seen.setdefault(record["reject"], record)
+    for reason, record in seen.items():
+        console.print(f"[yellow]{reason}[/yellow] e.g. {record['source_id']}: {record['text'][:120]!r}", highlight=False)

@@ -1,0 +1,112 @@
+"""Run accounting, the progress bar and the end-of-run summary.
+
+Every record that leaves the plan is counted exactly once: as written (packed into a
+sample) or rejected under its reason. Records made by a stage (a rewrite, a render)
+carry meta["derived_from"] and count as created, so for every run
+records_in + created == written + rejected; `balanced` in stats.json says it held.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from datapipe.schema import Document
+
+
+class RunStats:
+    def __init__(self, recipe_name: str):
+        self.recipe_name = recipe_name
+        self.started = time.monotonic()
+        self.records_in: Counter[str] = Counter()  # by source
+        self.created: Counter[str] = Counter()  # by source
+        self.written: Counter[str] = Counter()  # by source
+        self.rejected: Counter[str] = Counter()  # by reason
+        self.stage_passed: Counter[str] = Counter()  # by stage: records it kept
+        self.stage_rejected: Counter[str] = Counter()  # by stage: records it rejected
+        self.tokens = 0
+        self.packing: dict[str, Any] = {}
+        self.wall_s = 0.0
+
+    def count(self, doc: Document) -> None:
+        origin = self.created if "derived_from" in doc["meta"] else self.records_in
+        origin[doc["source"]] += 1
+        self.stage_passed.update(doc["meta"].get("transforms", []))
+        if doc["reject"]:
+            self.rejected[doc["reject"]] += 1
+            self.stage_rejected[doc["reject"].split(".", 1)[0]] += 1
+        else:
+            self.written[doc["source"]] += 1
+            self.tokens += len(doc["tokens"])
+
+    @property
+    def balanced(self) -> bool:
+        return self.records_in.total() + self.created.total() == self.written.total() + self.rejected.total()
+
+    def finish(self) -> None:
+        self.wall_s = time.monotonic() - self.started
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe_name,
+            "records_in": dict(self.records_in),
+            "created": dict(self.created),
+            "written": dict(self.written),
+            "rejected": dict(self.rejected.most_common()),
+            "stages": {s: {"kept": self.stage_passed[s], "rejected": self.stage_rejected[s]}
+                       for s in dict.fromkeys([*self.stage_passed, *self.stage_rejected])},
+            "tokens": self.tokens,
+            "packing": self.packing,
+            "balanced": self.balanced,
+            "wall_s": round(self.wall_s, 2),
+        }
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+
+
+def make_progress(console: Console) -> Progress:
+    """An open-ended bar: records and tokens so far, and their rates."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.completed:,.0f} records ({task.fields[rps]:,.0f}/s)"),
+        TextColumn("{task.fields[tokens]:,} tokens ({task.fields[tps]:,.0f}/s)"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def update_progress(progress: Progress, task: Any, stats: RunStats) -> None:
+    elapsed = max(time.monotonic() - stats.started, 1e-9)
+    done = stats.written.total() + stats.rejected.total()
+    progress.update(task, completed=done, tokens=stats.tokens, rps=done / elapsed, tps=stats.tokens / elapsed)
+
+
+def summary_table(stats: dict[str, Any], title: str) -> Table:
+    """The end-of-run table: what came in, what went out, and why anything was rejected."""
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    records_in, created = sum(stats["records_in"].values()), sum(stats["created"].values())
+    table.add_row("records in", f"{records_in:,}")
+    if created:
+        table.add_row("records created by stages", f"{created:,}")
+    table.add_row("records written", f"{sum(stats['written'].values()):,}")
+    table.add_row("records rejected", f"{sum(stats['rejected'].values()):,}")
+    for reason, n in stats["rejected"].items():
+        table.add_row(f"  {reason}", f"{n:,}")
+    table.add_row("tokens written", f"{stats['tokens']:,}")
+    for stage, packed in stats["packing"].items():
+        table.add_row(f"stage {stage}", f"{packed['samples']:,} samples x {packed['seq_len']:,} in "
+                      f"{packed['shards']} shards, fill {packed['fill']:.2%}")
+    table.add_row("accounting", "in + created = written + rejected" if stats["balanced"] else "[red]UNBALANCED")
+    table.add_row("wall time", f"{stats['wall_s']:.1f} s")
+    return table

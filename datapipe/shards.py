@@ -1,0 +1,144 @@
+"""WebDataset tar shards and their manifest.
+
+A sample is three tar members sharing a key: `<key>.tokens.npy` (uint32, seq_len),
+`<key>.doc_lens.npy` (int32) and `<key>.json` (doc_ids, seq_len, num_pad). Members
+carry fixed mtime, owner and mode, so the same samples give byte-identical shards.
+A shard is written under a temporary name and renamed when complete; a crash leaves
+no half shard that looks finished. `manifest.json` lists every shard with its
+samples, tokens (padding excluded), bytes and sha256.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from datapipe.schema import PackedSample
+
+MANIFEST = "manifest.json"
+FORMAT = "datapipe-shards/1"
+
+
+class ShardWriter:
+    """Writes samples into shard-000000.tar, shard-000001.tar, ... and the manifest on close."""
+
+    def __init__(self, folder: Path, samples_per_shard: int, info: dict[str, Any]):
+        self.folder, self.samples_per_shard, self.info = Path(folder), samples_per_shard, info
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.shards: list[dict[str, Any]] = []
+        self.tar: tarfile.TarFile | None = None
+        self.current: dict[str, Any] = {}
+        self.manifest: dict[str, Any] | None = None
+
+    def write(self, sample: PackedSample) -> None:
+        if self.tar is None:
+            self.open_shard()
+        add_member(self.tar, f"{sample['key']}.tokens.npy", npy_bytes(sample["tokens"]))
+        add_member(self.tar, f"{sample['key']}.doc_lens.npy", npy_bytes(sample["doc_lens"]))
+        fields = {"doc_ids": sample["doc_ids"], "seq_len": sample["seq_len"], "num_pad": sample["num_pad"]}
+        add_member(self.tar, f"{sample['key']}.json", json.dumps(fields, sort_keys=True).encode())
+        self.current["samples"] += 1
+        self.current["tokens"] += sample["seq_len"] - sample["num_pad"]
+        if self.current["samples"] >= self.samples_per_shard:
+            self.close_shard()
+
+    def open_shard(self) -> None:
+        name = f"shard-{len(self.shards):06d}.tar"
+        self.current = {"name": name, "samples": 0, "tokens": 0}
+        self.tar = tarfile.open(self.folder / f".{name}.tmp", "w", format=tarfile.USTAR_FORMAT)
+
+    def close_shard(self) -> None:
+        self.tar.close()
+        self.tar = None
+        temporary, final = self.folder / f".{self.current['name']}.tmp", self.folder / self.current["name"]
+        self.current.update(bytes=temporary.stat().st_size, sha256=file_sha256(temporary))
+        os.replace(temporary, final)
+        self.shards.append(self.current)
+
+    def close(self) -> dict[str, Any]:
+        if self.manifest is not None:
+            return self.manifest
+        if self.tar is not None:
+            self.close_shard()
+        manifest = {"format": FORMAT, **self.info, "shards": self.shards}
+        manifest["samples"] = sum(s["samples"] for s in self.shards)
+        manifest["tokens"] = sum(s["tokens"] for s in self.shards)
+        write_atomic(self.folder / MANIFEST, json.dumps(manifest, indent=2).encode())
+        self.manifest = manifest
+        return manifest
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        elif self.tar is not None:  # leave the partial shard as a .tmp, never as a finished shard
+            self.tar.close()
+
+
+def read_manifest(folder: Path | str) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no manifest; is {folder} a stage folder written by `datapipe run`?")
+    return json.loads(path.read_text())
+
+
+def read_shard(path: Path | str) -> Iterator[PackedSample]:
+    """The samples of one shard, in write order."""
+    with tarfile.open(path, "r") as tar:
+        sample: dict[str, Any] = {}
+        for member in tar:
+            key, _, suffix = member.name.partition(".")
+            if sample and sample["key"] != key:
+                yield sample
+                sample = {}
+            sample["key"] = key
+            decode_member(sample, suffix, tar.extractfile(member).read())
+        if sample:
+            yield sample
+
+
+def read_shards(folder: Path | str) -> Iterator[PackedSample]:
+    """Every sample of a stage folder, in manifest order."""
+    for shard in read_manifest(folder)["shards"]:
+        yield from read_shard(Path(folder) / shard["name"])
+
+
+def decode_member(sample: dict[str, Any], suffix: str, data: bytes) -> None:
+    if suffix.endswith(".npy"):
+        sample[suffix[: -len(".npy")]] = np.load(io.BytesIO(data), allow_pickle=False)
+    elif suffix == "json":
+        sample.update(json.loads(data))
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)

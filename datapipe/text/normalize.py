@@ -1,0 +1,51 @@
+"""Unicode and whitespace normalization.
+
+NFC composes characters so that the same text always has the same code points (and
+the same tokens); control characters other than newline and tab are removed; line
+endings become "\\n"; trailing spaces go; runs of blank lines shrink to
+`max_blank_lines`. Runs of spaces inside a line collapse only for prose kinds, since
+indentation is meaning in code. A document left empty is rejected.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Callable, Literal
+
+from pydantic import Field
+
+from datapipe.config import StageConfig
+from datapipe.schema import Document
+
+PROSE_KINDS = {"text"}
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b\ufeff]")
+INNER_SPACES = re.compile(r"(?<=\S)[ \t\u00a0\u3000]{2,}")
+TRAILING_SPACES = re.compile(r"[ \t\u00a0\u3000]+$", re.MULTILINE)
+
+
+class Config(StageConfig):
+    form: Literal["NFC", "NFKC", "none"] = "NFC"  # NFKC also folds compatibility forms (full-width digits)
+    max_blank_lines: int = Field(2, ge=0)  # more consecutive blank lines are layout, not content
+
+
+def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
+    blank_run = re.compile(r"\n{%d,}" % (cfg.max_blank_lines + 2))
+    blank_keep = "\n" * (cfg.max_blank_lines + 1)
+
+    def normalize(docs: list[Document]) -> list[Document]:
+        for doc in docs:
+            doc["text"] = normalize_text(doc["text"], cfg.form, doc["kind"] in PROSE_KINDS, blank_run, blank_keep)
+            if not doc["text"]:
+                doc["reject"] = "normalize.empty_text"
+        return docs
+
+    return normalize
+
+
+def normalize_text(text: str, form: str, prose: bool, blank_run: re.Pattern, blank_keep: str) -> str:
+    if form != "none":
+        text = unicodedata.normalize(form, text)
+    text = CONTROL_CHARS.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    text = TRAILING_SPACES.sub("", text)
+    text = blank_run.sub(blank_keep, text)
+    return INNER_SPACES.sub(" ", text).strip() if prose else text.strip("\n")
