@@ -1,0 +1,40 @@
+# Two commands do all the set-up on a fresh Debian/Ubuntu machine:
+#   make demo   install everything, then run recipes/demo.yaml into out/demo/
+#   make test   install everything, then run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# System packages: the venv module, and Cairo for cairosvg.
+APT_PACKAGES := python3-venv python3-dev libcairo2
+
+.PHONY: demo test install system-deps lint bench clean
+
+demo: install
+	$(BIN)/datapipe run recipes/demo.yaml
+
+test: install
+	$(BIN)/python -m pytest -q
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile | system-deps
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# Installs what is missing as root; otherwise prints the one command to run.
+system-deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then echo "install these system packages first: $$missing"; exit 1; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "missing system packages; run:  sudo apt-get update && sudo apt-get install -y $$missing  then make again"; exit 1; fi; \
+	echo "installing system packages: $$missing"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing
+
+lint: install
+	$(BIN)/ruff check datapipe renderers tokenizer tests bench
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,60 @@
+"""Shared fixtures: one real local Ray for the whole suite, and a tiny tokenizer trained in-process."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+WORDS = ("packing shards tokens stream resume rank epoch recipe stage record reject source sample "
+         "render image browser curriculum sequence document boundary manifest").split()
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, object_store_memory=256 << 20, include_dashboard=False,
+                 logging_level=logging.ERROR, log_to_driver=True)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory) -> Path:
+    """A 512-token byte-level BPE trained on generated English and code, saved as tokenizer.json."""
+    from tokenizer.bpe import train_tokenizer
+
+    texts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(40)) for i in range(200)]
+    texts += ["def f(x):\n    return x * 2\n", "数据管道 测试 文本", "café naïve déjà vu"]
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    train_tokenizer(texts, vocab_size=512).save(str(path))
+    return path
+
+
+def write_jsonl(path: Path, rows: list, raw_lines: list[bytes] = ()) -> Path:
+    """Rows as JSON lines, then raw (possibly broken) lines appended as given."""
+    lines = [json.dumps(row, ensure_ascii=False).encode() for row in rows] + list(raw_lines)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def tiny_recipe(tmp_path: Path, tokenizer: Path, sources: list[dict], **extra) -> Path:
+    """A recipe file in tmp_path: normalize + tokenize, 64-token sequences."""
+    import yaml
+
+    recipe = {
+        "name": "tiny",
+        "description": "test recipe",
+        "sources": sources,
+        "stages": [{"stage": "normalize"}, {"stage": "tokenize", "tokenizer": str(tokenizer)}],
+        "pack": {"name": "main", "seq_len": 64, "window": 64},
+        "shards": {"samples_per_shard": 8},
+        "ray": {"object_store_mb": 256},
+        **extra,
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path

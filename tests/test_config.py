@@ -1,0 +1,131 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from datapipe.config import RecipeError, load_recipe
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, recipe: dict) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def base() -> dict:
+    return {
+        "name": "t",
+        "sources": [{"name": "docs", "type": "pydoc_topics"}],
+        "stages": [{"stage": "normalize"}, {"stage": "tokenize"}],
+    }
+
+
+def error_of(tmp_path: Path, recipe: dict, overrides=()) -> str:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write(tmp_path, recipe), list(overrides))
+    return str(info.value)
+
+
+def test_shipped_recipes_are_valid():
+    recipes = sorted((REPO / "recipes").glob("*.yaml"))
+    assert recipes, "no recipes shipped"
+    for path in recipes:
+        assert load_recipe(path).name
+
+
+def test_valid_recipe_gets_typed_stage_configs(tmp_path):
+    recipe = load_recipe(write(tmp_path, base()))
+    assert [s.stage for s in recipe.stages] == ["normalize", "tokenize"]
+    assert recipe.stages[0].form == "NFC"
+    assert recipe.pack.seq_len == 2048
+    assert recipe.base_dir == tmp_path.resolve()
+
+
+def test_unknown_top_level_key_names_it_and_lists_allowed(tmp_path):
+    message = error_of(tmp_path, {**base(), "shardz": {}})
+    assert "shardz: unknown key" in message and "shards" in message and "r.yaml" in message
+
+
+def test_unknown_nested_key_names_the_path(tmp_path):
+    message = error_of(tmp_path, {**base(), "pack": {"seqlen": 10}})
+    assert "pack.seqlen: unknown key" in message and "seq_len" in message
+
+
+def test_unknown_stage_key_names_the_stage_index(tmp_path):
+    recipe = base()
+    recipe["stages"][0]["lowercase"] = True
+    message = error_of(tmp_path, recipe)
+    assert "stages[0].lowercase: unknown key" in message and "form" in message
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    message = error_of(tmp_path, {**base(), "pack": {"seq_len": "long"}})
+    assert "pack.seq_len" in message and "'long'" in message
+
+
+def test_bad_literal_lists_allowed_values(tmp_path):
+    recipe = base()
+    recipe["stages"][0]["form"] = "NFX"
+    message = error_of(tmp_path, recipe)
+    assert "stages[0].form" in message and "NFKC" in message
+
+
+def test_unknown_stage_lists_known_stages(tmp_path):
+    recipe = base()
+    recipe["stages"].insert(0, {"stage": "dedupe"})
+    message = error_of(tmp_path, recipe)
+    assert "stages[0].stage: unknown stage 'dedupe'" in message and "normalize" in message and "tokenize" in message
+
+
+def test_unknown_source_type_lists_known_types(tmp_path):
+    recipe = base()
+    recipe["sources"][0]["type"] = "csv"
+    message = error_of(tmp_path, recipe)
+    assert "sources[0].type" in message and "jsonl" in message and "parquet" in message
+
+
+def test_missing_required_key(tmp_path):
+    recipe = base()
+    del recipe["name"]
+    assert "name: required key is missing" in error_of(tmp_path, recipe)
+
+
+def test_duplicate_source_names_rejected(tmp_path):
+    recipe = base()
+    recipe["sources"].append(dict(recipe["sources"][0]))
+    assert "repeated: docs" in error_of(tmp_path, recipe)
+
+
+def test_recipe_without_tokenize_is_rejected(tmp_path):
+    recipe = base()
+    recipe["stages"] = [{"stage": "normalize"}]
+    assert "tokenize" in error_of(tmp_path, recipe)
+
+
+def test_set_overrides_fields_and_stages_by_name(tmp_path):
+    path = write(tmp_path, base())
+    recipe = load_recipe(path, ["pack.seq_len=4096", "stages.normalize.form=NFKC", "sources.0.count=7"])
+    assert recipe.pack.seq_len == 4096
+    assert recipe.stages[0].form == "NFKC"
+    assert recipe.sources[0].count == 7
+
+
+def test_set_override_is_validated_too(tmp_path):
+    message = error_of(tmp_path, base(), ["pack.seq_len=tiny"])
+    assert "pack.seq_len" in message
+
+
+def test_set_override_bad_syntax_and_bad_item(tmp_path):
+    assert "KEY=VALUE" in error_of(tmp_path, base(), ["pack.seq_len"])
+    assert "no list item 'dedup'" in error_of(tmp_path, base(), ["stages.dedup.x=1"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(RecipeError, match="no such recipe"):
+        load_recipe(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(bad)

@@ -1,0 +1,119 @@
+"""End to end on real Ray: the CLI runs a tiny recipe; every record is accounted for."""
+import gzip
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from datapipe import cli, stream
+from datapipe.runner import apply_stage
+from datapipe.schema import docs_from_table, docs_to_table, new_document
+from datapipe.text.normalize import Config as NormalizeConfig, make_stage as make_normalize
+from tests.conftest import WORDS, tiny_recipe, write_jsonl
+from tokenizer.bpe import load_tokenizer
+
+GOOD = [{"id": f"g{i}", "text": " ".join(WORDS[i % 7 :]) * (1 + i % 5)} for i in range(40)]
+BAD = [b'{"id": "cut", "text": "no end', b'{"id": "latin1", "text": "caf\xe9"}', b'{"id": "empty", "text": " "}',
+       b'{"id": "notext"}']
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_tokenizer, ray_session):
+    tmp = tmp_path_factory.mktemp("run")
+    write_jsonl(tmp / "mixed.jsonl", GOOD[:20], BAD)
+    (tmp / "more.jsonl.gz").write_bytes(gzip.compress(write_jsonl(tmp / "x.jsonl", GOOD[20:30]).read_bytes()))
+    pq.write_table(pa.table({"text": [r["text"] for r in GOOD[30:]], "id": [r["id"] for r in GOOD[30:]]}),
+                   tmp / "rest.parquet")
+    sources = [
+        {"name": "web", "type": "jsonl", "paths": ["mixed.jsonl", "more.jsonl.gz", "missing.jsonl"], "id_field": "id"},
+        {"name": "table", "type": "parquet", "paths": ["*.parquet"], "id_field": "id"},
+        {"name": "code", "type": "python_programs", "count": 30},
+    ]
+    recipe = tiny_recipe(tmp, tiny_tokenizer, sources)
+    out = tmp / "out"
+    assert cli.main(["run", str(recipe), "--out", str(out)]) == 0
+    return out
+
+
+def test_records_in_equal_written_plus_rejected(finished_run):
+    stats = json.loads((finished_run / "stats.json").read_text())
+    records_in = sum(stats["records_in"].values())
+    assert records_in == len(GOOD) + len(BAD) + 1 + 30  # + the missing file + 30 generated programs
+    assert records_in == sum(stats["written"].values()) + sum(stats["rejected"].values())
+    assert stats["balanced"] is True
+    assert stats["rejected"] == {"read.bad_json": 1, "read.invalid_utf8": 1, "read.empty_text": 1,
+                                 "read.missing_text": 1, "read.missing_file": 1}
+    assert stats["stages"]["tokenize"]["kept"] == len(GOOD) + 30
+
+
+def test_rejects_file_names_source_position_and_reason(finished_run):
+    rejects = [json.loads(line) for line in (finished_run / "rejects" / "rejects.jsonl").open()]
+    by_reason = {r["reject"]: r for r in rejects}
+    assert len(rejects) == 5
+    assert by_reason["read.bad_json"]["source_id"].endswith("mixed.jsonl:21")
+    assert by_reason["read.missing_file"]["source_id"].endswith("missing.jsonl")
+    assert all(r["source"] == "web" for r in rejects)
+
+
+def test_every_token_comes_back_from_the_shards(finished_run, tiny_tokenizer):
+    tokenizer, normalize = load_tokenizer(tiny_tokenizer), make_normalize(NormalizeConfig(stage="normalize"))
+    pieces: dict[str, list[np.ndarray]] = {}
+    for sample in stream(finished_run / "main"):
+        assert sample["tokens"].shape == (64,)
+        start = 0
+        for doc_id, length in zip(sample["doc_ids"], sample["doc_lens"]):
+            pieces.setdefault(doc_id, []).append(sample["tokens"][start : start + length])
+            start += length
+    eos = tokenizer.token_to_id("<|eos|>")
+    for row in GOOD:
+        text = normalize([new_document("web", row["id"], row["text"])])[0]["text"]
+        doc_id = next(k for k in pieces if k.endswith("/" + row["id"]))
+        expected = tokenizer.encode(text, add_special_tokens=False).ids + [eos]
+        assert np.concatenate(pieces[doc_id]).tolist() == expected
+    assert sum(k.startswith("code/") for k in pieces) == 30
+
+
+def test_same_recipe_gives_identical_shards(finished_run, tmp_path):
+    recipe = finished_run.parent / "tiny.yaml"
+    assert cli.main(["run", str(recipe), "--out", str(tmp_path / "again")]) == 0
+    first = json.loads((finished_run / "main" / "manifest.json").read_text())["shards"]
+    again = json.loads((tmp_path / "again" / "main" / "manifest.json").read_text())["shards"]
+    assert [s["sha256"] for s in first] == [s["sha256"] for s in again]
+
+
+def test_inspect_and_recipes_commands(finished_run, capsys):
+    assert cli.main(["inspect", str(finished_run), "--samples", "1"]) == 0
+    shown = capsys.readouterr().err
+    assert "records rejected" in shown and "read.bad_json" in shown and "main-000000000" in shown
+    assert cli.main(["recipes"]) == 0
+    assert "recipes/demo.yaml" in capsys.readouterr().err
+
+
+def test_run_refuses_a_foreign_non_empty_folder(finished_run, tmp_path, capsys):
+    (tmp_path / "precious.txt").write_text("not ours")
+    assert cli.main(["run", str(finished_run.parent / "tiny.yaml"), "--out", str(tmp_path)]) == 2
+    assert "not written by datapipe" in capsys.readouterr().err
+    assert (tmp_path / "precious.txt").exists()
+
+
+def test_a_stage_error_rejects_only_the_failing_record():
+    def shout(docs):
+        for doc in docs:
+            if "boom" in doc["text"]:
+                raise ValueError("cannot shout at boom")
+            doc["text"] = doc["text"].upper()
+        return docs
+
+    table = docs_to_table([new_document("s", str(i), text) for i, text in enumerate(["a", "boom", "c"])])
+    docs = docs_from_table(apply_stage(shout, "shout", table))
+    assert [(d["text"], d["reject"]) for d in docs] == [("A", ""), ("boom", "shout.error"), ("C", "")]
+    assert "cannot shout" in docs[1]["meta"]["error"]
+    assert docs[0]["meta"]["transforms"] == ["shout"] and docs[1]["meta"]["transforms"] == []
+
+
+def test_a_stage_that_drops_records_silently_fails_loudly():
+    table = docs_to_table([new_document("s", str(i), "x") for i in range(3)])
+    with pytest.raises(RuntimeError, match="dropped 2 records"):
+        apply_stage(lambda docs: docs[:1], "lossy", table)
