@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (RecipeError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False)
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: finished shards are kept; unfinished ones are .tmp files")

@@ -50,7 +50,8 @@ class StageConfig(Strict):
 
     stage: str  # the registry name
     batch_size: int = Field(256, ge=1)  # records per Ray Data batch: big enough to amortize per-batch overhead
-    concurrency: int | None = Field(None, ge=1)  # actor-pool size for warm stages; None = Ray's default
+    concurrency: int | None = Field(None, ge=1)  # actor-pool size for warm stages; None = one actor
+    num_cpus: float | None = Field(None, gt=0)  # CPUs each task or actor reserves; None = Ray's default (1)
 
 
 class PackConfig(Strict):

@@ -28,7 +28,6 @@ from datapipe.shards import ShardWriter
 from datapipe.sources import read_work_item, work_items
 
 READ_BATCH = 1024  # documents per Arrow block out of a reader
-PAD_ID = 2  # <|pad|> in tokenizer.SPECIAL_TOKENS
 
 
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | None = None,
@@ -39,7 +38,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
     connect(recipe.ray, ray_address)
     dataset = build_plan(recipe)
     stats = RunStats(recipe.name)
-    packer = Packer(recipe.pack.name, recipe.pack.seq_len, recipe.pack.window, PAD_ID)
+    packer = Packer(recipe.pack.name, recipe.pack.seq_len, recipe.pack.window, pad_id(recipe))
     info = {"recipe": recipe.name, "seed": recipe.seed, "stage": recipe.pack.name, "seq_len": recipe.pack.seq_len}
     with ShardWriter(out / recipe.pack.name, recipe.shards.samples_per_shard, info) as shards, \
             open(out / "rejects" / "rejects.jsonl", "w") as rejects, make_progress(console) as progress:
@@ -60,6 +59,13 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
     stats.finish()
     stats.save(out / "stats.json")
     return stats.to_dict()
+
+
+def pad_id(recipe: Recipe) -> int:
+    from tokenizer.bpe import special_token_ids
+
+    tokenize = next(stage for stage in recipe.stages if stage.stage == "tokenize")
+    return special_token_ids(tokenize.tokenizer)["<|pad|>"]
 
 
 def prepare_out_dir(out: Path, recipe: Recipe) -> Path:
@@ -132,14 +138,16 @@ def batched_tables(documents: Iterator[Document]) -> Iterator[Any]:
 
 def add_stage(dataset, cfg: StageConfig):
     common = {"batch_size": cfg.batch_size, "batch_format": "pyarrow"}
+    resources = {"num_cpus": cfg.num_cpus} if cfg.num_cpus is not None else {}
     if type(cfg).actor:
         import ray
 
         # The config rides on a subclass, not in constructor arguments, which Ray would park in
         # the object store (and warn that an actor restart could lose them).
         actor_class = type(f"{cfg.stage.title()}Actor", (StageActor,), {"cfg": cfg})
-        return dataset.map_batches(actor_class, compute=ray.data.ActorPoolStrategy(size=cfg.concurrency or 1), **common)
-    return dataset.map_batches(run_stage_task, fn_kwargs={"cfg": cfg}, **common)
+        return dataset.map_batches(actor_class, compute=ray.data.ActorPoolStrategy(size=cfg.concurrency or 1),
+                                   **common, **resources)
+    return dataset.map_batches(run_stage_task, fn_kwargs={"cfg": cfg}, **common, **resources)
 
 
 class StageActor:

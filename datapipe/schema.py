@@ -12,7 +12,11 @@ import hashlib
 import json
 from typing import Any, TypedDict
 
-KINDS = ("text", "svg", "html", "mesh", "cad", "scene", "image")
+KINDS = ("text", "code", "svg", "html", "mesh", "cad", "scene", "image")
+
+# Where an image goes in Document.text: the i-th placeholder stands for media[i]. The
+# tokenize stage replaces each one with the image's media-token span.
+MEDIA_PLACEHOLDER = "<|media|>"
 
 
 class Document(TypedDict):
@@ -23,7 +27,7 @@ class Document(TypedDict):
     source_id: str  # where in that source: "file.jsonl.gz:1234", a URL, a generator index
     kind: str  # one of KINDS; decides which renderer (if any) applies
     text: str  # the text, or the code/markup for kinds a renderer draws
-    media: list[bytes]  # encoded images (PNG) that travel with the document; [] for plain text
+    media: list[bytes]  # encoded images (PNG), one per MEDIA_PLACEHOLDER in text, in order; [] for plain text
     meta: dict[str, Any]  # provenance ("transforms": stage names applied, in order) and stage outputs
     reject: str  # "" while alive; "<stage>.<reason>" once a stage rejects it
     tokens: Any  # [] until the tokenize stage; then a TokenizedDocument

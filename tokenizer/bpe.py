@@ -40,6 +40,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 
     return tokenizer
 
 
+def special_token_ids(name_or_path: str | Path) -> dict[str, int]:
+    """The ids of SPECIAL_TOKENS in a tokenizer, for stages that must not hard-code them."""
+    tokenizer = load_tokenizer(name_or_path)
+    return {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+
+
 def load_tokenizer(name_or_path: str | Path):
     """A bundled tokenizer by name ("demo") or a tokenizer.json path."""
     from tokenizers import Tokenizer
