@@ -1,0 +1,27 @@
+"""Media spans in token sequences: `<|media_begin|> ... <|media_end|>`, inclusive.
+
+A span holds the modality word, `<|media_content|>` and one `<|media_pad|>` per patch
+group; the model never predicts inside it, and a packer never splits it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def media_spans(tokens: np.ndarray, begin_id: int, end_id: int) -> list[tuple[int, int]]:
+    """(start, stop) of each media span, stop exclusive; raises on an unclosed span."""
+    begins = np.flatnonzero(tokens == begin_id)
+    ends = np.flatnonzero(tokens == end_id)
+    if len(begins) != len(ends) or np.any(ends < begins):
+        raise ValueError(f"unbalanced media tokens: {len(begins)} begins, {len(ends)} ends")
+    return [(int(b), int(e) + 1) for b, e in zip(begins, ends)]
+
+
+def loss_mask(tokens: np.ndarray, begin_id: int, end_id: int, num_pad: int = 0) -> np.ndarray:
+    """uint8, 1 where the next-token loss applies: 0 inside media spans and on trailing padding."""
+    mask = np.ones(len(tokens), dtype=np.uint8)
+    for start, stop in media_spans(tokens, begin_id, end_id):
+        mask[start:stop] = 0
+    if num_pad:
+        mask[len(tokens) - num_pad :] = 0
+    return mask
