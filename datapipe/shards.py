@@ -3,9 +3,16 @@
 A sample is three tar members sharing a key: `<key>.tokens.npy` (uint32, seq_len),
 `<key>.doc_lens.npy` (int32) and `<key>.json` (doc_ids, seq_len, num_pad). Members
 carry fixed mtime, owner and mode, so the same samples give byte-identical shards.
-A shard is written under a temporary name and renamed when complete; a crash leaves
-no half shard that looks finished. `manifest.json` lists every shard with its
-samples, tokens (padding excluded), bytes and sha256.
+A shard closes at `samples_per_shard` samples or, when set, once it holds `max_bytes`
+(a target: the sample that crosses it stays, so no sample is ever split). It is written
+under a temporary name and renamed when complete, and `manifest.json` (every shard's
+samples, tokens with padding excluded, bytes and sha256, plus the recipe and seed) is
+written last, atomically: a folder without a manifest is an unfinished run, and a
+writer first removes the previous manifest, shards and temporaries of its folder, so
+a crashed rewrite never leaves an old manifest beside new shards.
+
+A run folder holds one stage folder per curriculum stage and, written last,
+`run.json`: the stages in training order with their token budgets (RUN_MANIFEST below).
 """
 from __future__ import annotations
 
@@ -20,17 +27,22 @@ from typing import Any, Iterator
 import numpy as np
 
 from datapipe.schema import PackedSample
+from datapipe.tarsamples import iter_samples
 
 MANIFEST = "manifest.json"
+RUN_MANIFEST = "run.json"
 FORMAT = "datapipe-shards/1"
+RUN_FORMAT = "datapipe-run/1"
 
 
 class ShardWriter:
     """Writes samples into shard-000000.tar, shard-000001.tar, ... and the manifest on close."""
 
-    def __init__(self, folder: Path, samples_per_shard: int, info: dict[str, Any]):
+    def __init__(self, folder: Path, samples_per_shard: int, info: dict[str, Any], max_bytes: int | None = None):
         self.folder, self.samples_per_shard, self.info = Path(folder), samples_per_shard, info
+        self.max_bytes = max_bytes
         self.folder.mkdir(parents=True, exist_ok=True)
+        remove_previous_output(self.folder)
         self.shards: list[dict[str, Any]] = []
         self.tar: tarfile.TarFile | None = None
         self.current: dict[str, Any] = {}
@@ -45,7 +57,7 @@ class ShardWriter:
         add_member(self.tar, f"{sample['key']}.json", json.dumps(fields, sort_keys=True).encode())
         self.current["samples"] += 1
         self.current["tokens"] += sample["seq_len"] - sample["num_pad"]
-        if self.current["samples"] >= self.samples_per_shard:
+        if self.current["samples"] >= self.samples_per_shard or self.tar.offset >= (self.max_bytes or 1 << 62):
             self.close_shard()
 
     def open_shard(self) -> None:
@@ -83,39 +95,42 @@ class ShardWriter:
             self.tar.close()
 
 
+def remove_previous_output(folder: Path) -> None:
+    """The manifest goes first: from then on the folder reads as unfinished until close()."""
+    (folder / MANIFEST).unlink(missing_ok=True)
+    for stale in [*folder.glob("shard-*.tar"), *folder.glob(".shard-*.tar.tmp")]:
+        stale.unlink()
+
+
 def read_manifest(folder: Path | str) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no manifest; is {folder} a stage folder written by `datapipe run`?")
+        raise FileNotFoundError(f"{path}: no manifest; is {folder} a stage folder written by `datapipe run`? "
+                                "(a run that did not finish has shards but no manifest)")
     return json.loads(path.read_text())
 
 
+def write_run_manifest(out: Path, stages: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+    """out/run.json, written after every stage's manifest: the curriculum the loader follows.
+
+    Each stage entry is {"name": folder name under out/, "token_budget": tokens to train on
+    before moving to the next stage, or None for one pass over the stage's shards}."""
+    manifest = {"format": RUN_FORMAT, **info, "stages": [{"token_budget": None, **stage} for stage in stages]}
+    write_atomic(Path(out) / RUN_MANIFEST, json.dumps(manifest, indent=2).encode())
+    return manifest
+
+
 def read_shard(path: Path | str) -> Iterator[PackedSample]:
-    """The samples of one shard, in write order."""
-    with tarfile.open(path, "r") as tar:
-        sample: dict[str, Any] = {}
-        for member in tar:
-            key, _, suffix = member.name.partition(".")
-            if sample and sample["key"] != key:
-                yield sample
-                sample = {}
-            sample["key"] = key
-            decode_member(sample, suffix, tar.extractfile(member).read())
-        if sample:
-            yield sample
+    """The samples of one shard, in write order (arrays are views of the mapped file)."""
+    from datapipe.fetch import map_local
+
+    yield from iter_samples(map_local(Path(path)), str(path))
 
 
 def read_shards(folder: Path | str) -> Iterator[PackedSample]:
     """Every sample of a stage folder, in manifest order."""
     for shard in read_manifest(folder)["shards"]:
         yield from read_shard(Path(folder) / shard["name"])
-
-
-def decode_member(sample: dict[str, Any], suffix: str, data: bytes) -> None:
-    if suffix.endswith(".npy"):
-        sample[suffix[: -len(".npy")]] = np.load(io.BytesIO(data), allow_pickle=False)
-    elif suffix == "json":
-        sample.update(json.loads(data))
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

@@ -1,0 +1,142 @@
+"""Which samples one (rank, DataLoader worker) reads in an epoch, and in what order.
+
+Index arithmetic only, so every rank computes every other rank's share without talking
+to it, and a resume jumps to any position without replaying anything.
+
+An epoch walks the curriculum's stages in order. A stage gives every rank the same
+`quota` of samples: its token budget over its mean tokens per sample, divided by
+world_size (no budget: one pass over its shards). A pass over a stage lays its shards end
+to end in an order permuted from (seed, epoch, stage, pass), the same on every rank;
+rank r takes the r-th of world_size equal contiguous slices (the remainder, fewer than
+world_size samples, sits out this pass; the next pass's permutation leaves out others),
+and worker w the w-th contiguous part of that slice. Contiguous slices keep reads
+sequential: a rank opens about 1/world_size of the shards per pass, not all of them.
+
+Within one (rank, worker) and pass, samples are shuffled in windows of `buffer`
+consecutive samples, each window by its own permutation from (seed, epoch, stage, pass,
+rank, worker, window). The window is the shuffle buffer: the loader holds one in memory,
+like WebDataset's buffer, but its order depends on the position alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One curriculum stage as the loader sees it: where its shards are and what it must deliver."""
+
+    name: str
+    location: str  # the stage folder: a local path or a URL
+    shards: tuple[dict[str, Any], ...]  # manifest entries: name, samples, tokens, bytes, sha256
+    token_budget: int | None  # tokens to train on before the next stage; None = one pass
+
+    @property
+    def samples(self) -> int:
+        return sum(shard["samples"] for shard in self.shards)
+
+    def budget_samples(self) -> int:
+        tokens = sum(shard["tokens"] for shard in self.shards)
+        if self.token_budget is None or tokens == 0:
+            return self.samples
+        return math.ceil(self.token_budget * self.samples / tokens)
+
+
+@dataclass(frozen=True)
+class Span:
+    """Consecutive samples [start, stop) of one shard."""
+
+    stage: int
+    shard: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One pass over one stage, as one (rank, worker) reads it."""
+
+    stage: int
+    pass_index: int
+    spans: tuple[Span, ...]
+    length: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+
+def epoch_plan(stages: list[Stage], place: Placement, seed: int, epoch: int, shuffle: bool) -> list[Segment]:
+    """Every segment this (rank, worker) reads in `epoch`, in order."""
+    segments = []
+    for index, stage in enumerate(stages):
+        per_pass = stage.samples // place.world_size
+        if per_pass == 0:
+            raise ValueError(f"stage {stage.name!r} ({stage.location}) has {stage.samples} samples for "
+                             f"{place.world_size} ranks; every rank needs at least one: write more data or use fewer ranks")
+        quota = stage.budget_samples() // place.world_size
+        for pass_index in range(math.ceil(quota / per_pass)):
+            count = min(per_pass, quota - pass_index * per_pass)
+            lo = place.rank * per_pass + place.worker * count // place.num_workers
+            hi = place.rank * per_pass + (place.worker + 1) * count // place.num_workers
+            order = shard_order(len(stage.shards), seed, epoch, index, pass_index, shuffle)
+            spans = slice_spans(stage, index, order, lo, hi)
+            segments.append(Segment(index, pass_index, spans, hi - lo))
+    return segments
+
+
+def shard_order(n_shards: int, seed: int, epoch: int, stage: int, pass_index: int, shuffle: bool) -> np.ndarray:
+    if not shuffle:
+        return np.arange(n_shards)
+    return np.random.default_rng([seed, epoch, stage, pass_index]).permutation(n_shards)
+
+
+def slice_spans(stage: Stage, stage_index: int, order: np.ndarray, lo: int, hi: int) -> tuple[Span, ...]:
+    """Samples lo..hi-1 of the shards laid end to end in `order`, as per-shard spans."""
+    counts = np.array([stage.shards[i]["samples"] for i in order], dtype=np.int64)
+    ends = np.cumsum(counts)
+    spans, i = [], int(np.searchsorted(ends, lo, side="right"))
+    while lo < hi:
+        first = int(ends[i] - counts[i])
+        stop = min(hi, int(ends[i]))
+        spans.append(Span(stage_index, int(order[i]), lo - first, stop - first))
+        lo, i = stop, i + 1
+    return tuple(spans)
+
+
+def windows(segments: list[Segment], place: Placement, seed: int, epoch: int,
+            buffer: int) -> Iterator[tuple[int, int, list[int]]]:
+    """(first epoch position, size, permutation key) of every shuffle window of the epoch."""
+    position = 0
+    for segment in segments:
+        for number, lo in enumerate(range(0, segment.length, buffer)):
+            key = [seed, epoch, segment.stage, segment.pass_index, place.rank, place.worker, number]
+            yield position + lo, min(buffer, segment.length - lo), key
+        position += segment.length
+
+
+def window_order(size: int, key: list[int], shuffle: bool) -> np.ndarray:
+    return np.random.default_rng(key).permutation(size) if shuffle else np.arange(size)
+
+
+def spans_from(segments: list[Segment], position: int) -> Iterator[Span]:
+    """The spans that hold epoch positions position, position+1, ... to the end of the epoch."""
+    for segment in segments:
+        if position >= segment.length:
+            position -= segment.length
+            continue
+        for span in segment.spans:
+            size = span.stop - span.start
+            if position >= size:
+                position -= size
+                continue
+            yield Span(span.stage, span.shard, span.start + position, span.stop)
+            position = 0
