@@ -21,7 +21,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q torch==2.13.0  # the CPU build on local disk; the extras' torch range would pull CUDA
+	$(BIN)/python -m pip install -q -e '.[all]'
+	$(BIN)/python -m pip install -q --no-deps mosaicml-streaming==0.13.0  # bench/stream.py's peer; deps in [bench]
 	touch $(STAMP)
 
 # Installs what is missing as root; otherwise prints the one command to run.

@@ -62,6 +62,7 @@ class PackConfig(Strict):
 
 class ShardConfig(Strict):
     samples_per_shard: int = Field(1024, ge=1)  # a shard of 1024 x 8K uint32 tokens is 32 MiB
+    max_bytes: int | None = Field(None, ge=1)  # also close a shard once it holds this many bytes; None: samples only
 
 
 class RayConfig(Strict):

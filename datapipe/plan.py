@@ -123,8 +123,10 @@ def windows(segments: list[Segment], place: Placement, seed: int, epoch: int,
         position += segment.length
 
 
-def window_order(size: int, key: list[int], shuffle: bool) -> np.ndarray:
-    return np.random.default_rng(key).permutation(size) if shuffle else np.arange(size)
+def window_order(size: int, key: list[int], shuffle: bool) -> list[int]:
+    if not shuffle or size == 1:
+        return list(range(size))
+    return np.random.default_rng(key).permutation(size).tolist()
 
 
 def spans_from(segments: list[Segment], position: int) -> Iterator[Span]:

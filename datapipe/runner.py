@@ -24,7 +24,7 @@ from datapipe.config import Recipe, RecipeError, RayConfig, SourceConfig, StageC
 from datapipe.packing import Packer
 from datapipe.report import RunStats, make_progress, update_progress
 from datapipe.schema import Document, docs_from_table, docs_to_table, mark_transform
-from datapipe.shards import ShardWriter
+from datapipe.shards import RUN_MANIFEST, ShardWriter, write_run_manifest
 from datapipe.sources import read_work_item, work_items
 
 READ_BATCH = 1024  # documents per Arrow block out of a reader
@@ -39,8 +39,9 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
     dataset = build_plan(recipe)
     stats = RunStats(recipe.name)
     packer = Packer(recipe.pack.name, recipe.pack.seq_len, recipe.pack.window, pad_id(recipe))
-    info = {"recipe": recipe.name, "seed": recipe.seed, "stage": recipe.pack.name, "seq_len": recipe.pack.seq_len}
-    with ShardWriter(out / recipe.pack.name, recipe.shards.samples_per_shard, info) as shards, \
+    info = {"recipe": recipe.name, "seed": recipe.seed, "stage": recipe.pack.name, "seq_len": recipe.pack.seq_len,
+            "recipe_config": recipe.model_dump(mode="json", exclude={"base_dir"})}
+    with ShardWriter(out / recipe.pack.name, recipe.shards.samples_per_shard, info, recipe.shards.max_bytes) as shards, \
             open(out / "rejects" / "rejects.jsonl", "w") as rejects, make_progress(console) as progress:
         task = progress.add_task(recipe.name, total=None, tokens=0, rps=0.0, tps=0.0)
         for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
@@ -58,6 +59,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
     stats.packing[recipe.pack.name] = packing_stats(manifest, packer)
     stats.finish()
     stats.save(out / "stats.json")
+    write_run_manifest(out, [{"name": recipe.pack.name}], {"recipe": recipe.name, "seed": recipe.seed})  # last: done
     return stats.to_dict()
 
 
@@ -75,6 +77,7 @@ def prepare_out_dir(out: Path, recipe: Recipe) -> Path:
     for stale in (out / recipe.pack.name, out / "rejects"):
         shutil.rmtree(stale, ignore_errors=True)
     (out / "stats.json").unlink(missing_ok=True)
+    (out / RUN_MANIFEST).unlink(missing_ok=True)  # written last; its absence marks an unfinished run
     (out / "rejects").mkdir(parents=True)
     (out / "recipe.json").write_text(recipe.model_dump_json(indent=2))
     return out

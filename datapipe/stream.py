@@ -15,11 +15,12 @@ out instead, logged, and listed in `.skipped` (that rank then yields fewer sampl
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
@@ -57,6 +58,14 @@ class Stream:
         self.stages = load_stages(source)
         self.epoch, self.position = 0, 0
         self.skipped: list[str] = []  # shards left out under on_error="skip", in the order met
+
+    def for_worker(self, worker: int, num_workers: int) -> "Stream":
+        """The same loader for one DataLoader worker: a contiguous part of this rank's samples."""
+        other = copy.copy(self)
+        other.place = Placement(self.place.rank, self.place.world_size, worker, num_workers)
+        check_options(other.options, other.place)
+        other.skipped = []
+        return other
 
     def __iter__(self) -> Iterator[PackedSample]:
         yield from self.iterate_epoch()
@@ -107,12 +116,18 @@ class Stream:
         self.epoch, self.position = self.epoch + 1, 0
 
     def read_slots(self, spans: Iterator[Span]) -> Iterator[PackedSample | None]:
-        """One sample per planned position, in plan order; None where a skipped shard was."""
+        """One sample per planned position, in plan order; None where a skipped shard was.
+
+        Downloads and sha256 run in `prefetch` threads (both release the GIL). Mapping a local
+        file takes microseconds, so without verify it stays on this thread: a fetch thread
+        would only contend for the GIL (each handoff can cost a 5 ms switch interval)."""
+        threaded = self.options.verify or any(fetch.is_url(stage.location) for stage in self.stages)
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.prefetch), thread_name_prefix="datapipe-fetch")
+        submit = pool.submit if threaded else run_now
         pending: deque = deque()
         try:
             for span in spans:
-                pending.append((span, pool.submit(self.load, span)))
+                pending.append((span, submit(self.load, span)))
                 if len(pending) > self.options.prefetch:
                     yield from self.span_samples(*pending.popleft())
             while pending:
@@ -143,6 +158,16 @@ class Stream:
             log.warning("skipping the rest of a shard: %s", err)
             self.skipped.append(location)
             yield from [None] * (span.stop - span.start - produced)
+
+
+def run_now(function, *args) -> Future:
+    """A finished future: the inline twin of ThreadPoolExecutor.submit."""
+    future: Future = Future()
+    try:
+        future.set_result(function(*args))
+    except Exception as err:  # noqa: BLE001 - handed to whoever reads the future, as a pool would
+        future.set_exception(err)
+    return future
 
 
 def stream(source: str | Path | list[str | Path], rank: int = 0, world_size: int = 1, **options: Any) -> Stream:

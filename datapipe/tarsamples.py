@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from functools import lru_cache
 from typing import Any, Iterator
 
@@ -131,18 +132,18 @@ def npy_view(buffer, offset: int, size: int) -> np.ndarray:
     width = 2 if major == 1 else 4
     header_len = int.from_bytes(view[offset + 8 : offset + 8 + width], "little")
     start = offset + 8 + width + header_len
-    dtype, shape, fortran = npy_header(bytes(view[offset + 8 + width : start]))
-    count = int(np.prod(shape)) if shape else 1
+    dtype, shape, fortran, count = npy_header(bytes(view[offset + 8 + width : start]))
     if start + count * dtype.itemsize > offset + size:
         raise ValueError(f"array of shape {shape} does not fit in {size} bytes")
     array = np.frombuffer(buffer, dtype=dtype, count=count, offset=start)
-    return array.reshape(shape, order="F" if fortran else "C")
+    return array if len(shape) == 1 else array.reshape(shape, order="F" if fortran else "C")
 
 
 @lru_cache(maxsize=4096)
-def npy_header(text: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
+def npy_header(text: bytes) -> tuple[np.dtype, tuple[int, ...], bool, int]:
+    """(dtype, shape, fortran order, element count) of an .npy header; a shard repeats a few headers."""
     fields = ast.literal_eval(text.decode("latin1"))
-    dtype = np.dtype(fields["descr"])
+    dtype, shape = np.dtype(fields["descr"]), tuple(fields["shape"])
     if dtype.hasobject:
         raise ValueError("object arrays are not allowed")
-    return dtype, tuple(fields["shape"]), bool(fields["fortran_order"])
+    return dtype, shape, bool(fields["fortran_order"]), math.prod(shape)

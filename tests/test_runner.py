@@ -75,6 +75,15 @@ def test_every_token_comes_back_from_the_shards(finished_run, tiny_tokenizer):
     assert sum(k.startswith("code/") for k in pieces) == 30
 
 
+def test_run_json_lists_the_curriculum_and_the_run_folder_streams(finished_run):
+    run = json.loads((finished_run / "run.json").read_text())
+    assert [s["name"] for s in run["stages"]] == ["main"] and run["seed"] == 0
+    manifest = json.loads((finished_run / "main" / "manifest.json").read_text())
+    assert manifest["recipe_config"]["name"] == "tiny" and manifest["seed"] == 0
+    by_folder = [s["key"] for s in stream(finished_run / "main")]
+    assert [s["key"] for s in stream(finished_run)] == by_folder and len(by_folder) == manifest["samples"]
+
+
 def test_same_recipe_gives_identical_shards(finished_run, tmp_path):
     recipe = finished_run.parent / "tiny.yaml"
     assert cli.main(["run", str(recipe), "--out", str(tmp_path / "again")]) == 0

@@ -9,11 +9,12 @@ from datapipe.stream import stream
 from tests.test_packing import make_docs
 
 
-def write_run(folder, n_docs=300, per_shard=7):
-    packer = Packer("main", 128, 100, pad_id=2)
-    samples = [s for doc_id, tokens in make_docs(5, n_docs) for s in packer.add(doc_id, tokens)]
+def write_run(folder, n_docs=300, per_shard=7, stage="main", seq_len=128, seed=5, max_bytes=None):
+    """A stage folder of packed random documents; returns the samples in write order."""
+    packer = Packer(stage, seq_len, 100, pad_id=2)
+    samples = [s for doc_id, tokens in make_docs(seed, n_docs) for s in packer.add(doc_id, tokens)]
     samples += list(packer.flush())
-    with ShardWriter(folder, per_shard, {"stage": "main", "seq_len": 128}) as writer:
+    with ShardWriter(folder, per_shard, {"stage": stage, "seq_len": seq_len}, max_bytes) as writer:
         for sample in samples:
             writer.write(sample)
     return samples

@@ -1,0 +1,254 @@
+"""The streaming loader: equal rank splits, seeded shuffle, exact resume, curriculum, HTTP, bad shards."""
+import functools
+import http.server
+import json
+import random
+import shutil
+import threading
+from itertools import islice
+
+import numpy as np
+import pytest
+
+from datapipe.shards import read_manifest, read_shards, write_run_manifest
+from datapipe.stream import Stream, stream
+from datapipe.tarsamples import ShardError
+from tests.test_shards import write_run
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("stream") / "main"
+    write_run(folder, n_docs=600, per_shard=9)
+    return folder
+
+
+@pytest.fixture
+def stage_copy(stage, tmp_path):
+    """A private copy to damage."""
+    return shutil.copytree(stage, tmp_path / "main")
+
+
+def keys(samples):
+    return [sample["key"] for sample in samples]
+
+
+def all_keys(folder):
+    return keys(read_shards(folder))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_rank_splits_are_equal_disjoint_and_cover(stage, world_size, shuffle):
+    per_rank = [keys(stream(stage, rank, world_size, shuffle=shuffle, seed=4)) for rank in range(world_size)]
+    total = read_manifest(stage)["samples"]
+    assert {len(k) for k in per_rank} == {total // world_size}
+    seen = [k for rank_keys in per_rank for k in rank_keys]
+    assert len(seen) == len(set(seen)) == total // world_size * world_size
+    assert set(seen) <= set(all_keys(stage))
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_workers_partition_their_rank(stage, num_workers):
+    for rank in range(2):
+        whole = Stream(stage, rank, 2, shuffle=True, seed=1)
+        parts = [keys(whole.for_worker(w, num_workers)) for w in range(num_workers)]
+        assert sorted(k for part in parts for k in part) == sorted(keys(whole))
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_shuffle_is_a_seeded_permutation_that_changes_by_epoch(stage):
+    loader = stream(stage, shuffle=True, seed=7, buffer=16)
+    first, second = keys(loader), keys(loader)  # one iter() is one epoch
+    assert first == keys(stream(stage, shuffle=True, seed=7, buffer=16))
+    assert first != second and sorted(first) == sorted(second) == sorted(all_keys(stage))
+    assert first != keys(stream(stage, shuffle=True, seed=8, buffer=16))
+    assert keys(stream(stage)) == all_keys(stage)  # no shuffle: manifest order
+
+
+def test_set_epoch_starts_that_epoch(stage):
+    loader = stream(stage, shuffle=True, seed=7)
+    loader.set_epoch(3)
+    again = stream(stage, shuffle=True, seed=7)
+    for _ in range(3):
+        keys(again)
+    assert keys(loader) == keys(again)
+
+
+def resume_at(make, cut, total):
+    """The samples of an uninterrupted run, but stopped after `cut`, saved, and resumed in a new loader."""
+    first = make()
+    head = keys(islice(iter(first), cut))
+    state = json.loads(json.dumps(first.state_dict()))  # a state survives a checkpoint file
+    second = make()
+    second.load_state_dict(state)
+    return head + keys(islice(iter(second), total - cut))
+
+
+@pytest.mark.parametrize("buffer", [1, 7, 64, 100_000])
+def test_resume_at_random_points_equals_the_uninterrupted_run(stage, buffer):
+    def make():
+        return stream(stage, shuffle=True, seed=11, buffer=buffer, loop=True)
+
+    epoch = len(make())
+    total = 3 * epoch
+    reference = keys(islice(iter(make()), total))
+    cuts = {0, 1, epoch - 1, epoch, epoch + 1, min(2 * epoch + buffer // 2, total - 1)}  # epoch ends, in a window
+    cuts |= set(random.Random(buffer).sample(range(total), 12))
+    for cut in sorted(cuts):
+        assert resume_at(make, cut, total) == reference, f"resume after {cut} samples"
+
+
+@pytest.mark.parametrize("rank,world_size,worker,num_workers", [(1, 2, 0, 1), (0, 3, 1, 2), (2, 3, 2, 3)])
+def test_resume_per_rank_and_worker(stage, rank, world_size, worker, num_workers):
+    def make():
+        return Stream(stage, rank, world_size, worker, num_workers, shuffle=True, seed=2, buffer=10, loop=True)
+
+    total = 2 * len(make()) + 3
+    reference = keys(islice(iter(make()), total))
+    for cut in random.Random(rank).sample(range(total), 8):
+        assert resume_at(make, cut, total) == reference
+
+
+def test_resume_refuses_a_state_from_another_placement(stage):
+    state = stream(stage, 0, 2, shuffle=True).state_dict()
+    with pytest.raises(ValueError, match="world_size=2"):
+        stream(stage, 0, 1, shuffle=True).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed"):
+        stream(stage, 0, 2, shuffle=True, seed=1).load_state_dict(state)
+
+
+def test_bad_rank_and_options_are_refused(stage):
+    with pytest.raises(ValueError, match="rank 2"):
+        stream(stage, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="on_error"):
+        stream(stage, on_error="ignore")
+
+
+def write_curriculum(out, world_size_budget_factor=2.5):
+    write_run(out / "short", n_docs=400, per_shard=8, stage="short", seq_len=64, seed=1)
+    write_run(out / "long", n_docs=500, per_shard=8, stage="long", seq_len=128, seed=2)
+    budget = int(read_manifest(out / "short")["tokens"] * world_size_budget_factor)
+    write_run_manifest(out, [{"name": "short", "token_budget": budget}, {"name": "long"}], {"recipe": "t", "seed": 0})
+    return budget
+
+
+def test_curriculum_follows_stages_in_order_with_their_budgets(tmp_path):
+    budget = write_curriculum(tmp_path)
+    per_rank = [list(stream(tmp_path, rank, 2, shuffle=True, seed=3)) for rank in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1])
+    for samples in per_rank:
+        stages = [s["key"].split("-")[0] for s in samples]
+        switch = stages.index("long")
+        assert set(stages[:switch]) == {"short"} and set(stages[switch:]) == {"long"}
+        assert len(stages) - switch == read_manifest(tmp_path / "long")["samples"] // 2
+    used = sum(64 - s["num_pad"] for samples in per_rank for s in samples if s["seq_len"] == 64)
+    assert abs(used - budget) <= 2 * 64  # the budget, to within a sample per rank
+    short = [s["key"] for s in per_rank[0] if s["seq_len"] == 64]
+    assert len(short) > len(set(short))  # 2.5 budgets of data: the stage is read in several passes
+
+
+def test_curriculum_resumes_exactly_across_a_stage_switch(tmp_path):
+    write_curriculum(tmp_path)
+
+    def make():
+        return stream(tmp_path, 1, 2, shuffle=True, seed=5, buffer=12, loop=True)
+
+    whole = keys(islice(iter(make()), len(make())))
+    switch = [k.split("-")[0] for k in whole].index("long")
+    for cut in (switch - 1, switch, switch + 5, len(whole) - 1):
+        assert resume_at(make, cut, len(whole) + 4) == keys(islice(iter(make()), len(whole) + 4))
+
+
+@pytest.fixture(scope="module")
+def http_url(stage):
+    handler = functools.partial(QuietHandler, directory=str(stage.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def assert_same_samples(left, right):
+    assert keys(left) == keys(right)
+    for a, b in zip(left, right):
+        assert np.array_equal(a["tokens"], b["tokens"]) and np.array_equal(a["doc_lens"], b["doc_lens"])
+        assert a["doc_ids"] == b["doc_ids"]
+
+
+def test_loader_over_http_equals_the_local_one(stage, http_url, tmp_path):
+    local = list(stream(stage, 1, 2, shuffle=True, seed=9, verify=True))
+    assert_same_samples(list(stream(f"{http_url}/main", 1, 2, shuffle=True, seed=9, verify=True)), local)
+    cached = stream(f"{http_url}/main", 1, 2, shuffle=True, seed=9, cache_dir=str(tmp_path / "cache"))
+    assert_same_samples(list(cached), local)
+    assert len(list((tmp_path / "cache").iterdir())) >= len(read_manifest(stage)["shards"]) // 2
+    cached.set_epoch(0)
+    assert_same_samples(list(cached), local)  # again, from the cache
+
+
+def test_missing_remote_folder_says_what_is_wrong(http_url):
+    with pytest.raises(FileNotFoundError, match="neither run.json"):
+        stream(f"{http_url}/nothing-here")
+
+
+def damage(path, offset, data):
+    with open(path, "r+b") as shard:
+        shard.seek(offset)
+        shard.write(data)
+
+
+def test_truncated_shard_error_names_the_shard(stage_copy):
+    shard = stage_copy / "shard-000003.tar"
+    shard.write_bytes(shard.read_bytes()[:5000])
+    with pytest.raises(ShardError, match=r"shard-000003\.tar: 5000 bytes but the manifest says"):
+        list(stream(stage_copy))
+
+
+def test_damaged_header_error_names_the_shard(stage_copy):
+    damage(stage_copy / "shard-000002.tar", 512 * 7, b"\xff" * 512)
+    with pytest.raises(ShardError, match=r"shard-000002\.tar: damaged tar header"):
+        list(stream(stage_copy))
+
+
+def test_verify_catches_a_flipped_byte_that_keeps_the_size(stage_copy):
+    damage(stage_copy / "shard-000001.tar", 512 + 200, b"\x00\x01")  # inside the first tokens array
+    assert len(list(stream(stage_copy))) == read_manifest(stage_copy)["samples"]  # unnoticed without verify
+    with pytest.raises(ShardError, match=r"shard-000001\.tar: sha256 differs"):
+        list(stream(stage_copy, verify=True))
+
+
+def test_missing_shard_error_names_it(stage_copy):
+    (stage_copy / "shard-000004.tar").unlink()
+    with pytest.raises(ShardError, match=r"shard-000004\.tar: shard listed in the manifest is missing"):
+        list(stream(stage_copy))
+
+
+def test_skip_policy_leaves_out_bad_shards_and_lists_them(stage_copy):
+    manifest = read_manifest(stage_copy)
+    (stage_copy / "shard-000003.tar").write_bytes(b"x" * 100)
+    damage(stage_copy / "shard-000005.tar", 100, b"oops")
+    loader = stream(stage_copy, on_error="skip", verify=True, shuffle=True)
+    got = keys(loader)
+    lost = manifest["shards"][3]["samples"] + manifest["shards"][5]["samples"]
+    assert len(got) == len(set(got)) == manifest["samples"] - lost
+    assert sorted(p.rsplit("/", 1)[1] for p in loader.skipped) == ["shard-000003.tar", "shard-000005.tar"]
+
+
+def test_unfinished_run_is_not_mistaken_for_a_finished_one(tmp_path):
+    from datapipe.shards import ShardWriter
+    from tests.test_packing import make_docs
+
+    with pytest.raises(RuntimeError), ShardWriter(tmp_path / "main", 2, {}) as writer:
+        for doc_id, tokens in make_docs(1, 5):
+            writer.write({"key": doc_id, "tokens": tokens, "doc_lens": np.array([len(tokens)]), "doc_ids": [doc_id],
+                          "seq_len": len(tokens), "num_pad": 0})
+        raise RuntimeError("the run crashed")
+    with pytest.raises(FileNotFoundError, match="did not finish"):
+        stream(tmp_path / "main")
