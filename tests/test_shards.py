@@ -72,3 +72,57 @@ def test_stream_rejects_bad_rank(tmp_path):
     write_run(tmp_path / "main")
     with pytest.raises(ValueError, match="rank 2"):
         next(stream(tmp_path / "main", rank=2, world_size=2))
+
+
+def test_max_bytes_closes_shards_at_the_byte_target(tmp_path):
+    samples = write_run(tmp_path / "main", per_shard=10_000, max_bytes=20_000)
+    manifest = read_manifest(tmp_path / "main")
+    assert len(manifest["shards"]) > 3 and manifest["samples"] == len(samples)
+    sample_bytes = max(s["bytes"] for s in manifest["shards"]) // min(s["samples"] for s in manifest["shards"][:-1])
+    for shard in manifest["shards"][:-1]:  # the sample that crosses the target stays in its shard
+        assert 20_000 <= shard["bytes"] <= 20_000 + 3 * sample_bytes + 10240
+
+
+def test_rewrite_clears_the_previous_output_before_the_first_shard(tmp_path):
+    write_run(tmp_path / "main", n_docs=300, per_shard=3)
+    with pytest.raises(RuntimeError), ShardWriter(tmp_path / "main", 3, {}):
+        raise RuntimeError("crashed before the first sample")
+    assert not list((tmp_path / "main").iterdir())  # no old manifest beside a half-new folder
+
+
+def test_a_crash_leaves_finished_shards_and_a_temporary_but_no_manifest(tmp_path):
+    samples = write_run(tmp_path / "whole", per_shard=5)
+    with pytest.raises(RuntimeError), ShardWriter(tmp_path / "main", 5, {}) as writer:
+        for sample in samples[:12]:
+            writer.write(sample)
+        raise RuntimeError("killed")
+    folder = tmp_path / "main"
+    assert sorted(p.name for p in folder.iterdir()) == [".shard-000002.tar.tmp", "shard-000000.tar", "shard-000001.tar"]
+
+
+def test_members_decode_generically_by_extension(tmp_path):
+    import io
+    import json
+    import tarfile
+
+    from datapipe.tarsamples import iter_samples
+
+    path, key = tmp_path / "x.tar", "k" * 150  # a long key: tarfile writes a pax header for it
+    members = {f"{key}.tokens.npy": npy(np.arange(8, dtype=np.uint32)), f"{key}.loss_mask.npy": npy(np.ones(8, np.uint8)),
+               f"{key}.json": json.dumps({"seq_len": 8, "images": ["a", "b"]}).encode(), f"{key}.1.png": b"png-one",
+               f"{key}.0.png": b"png-zero", f"{key}.txt": b"hello", "k2.tokens.npy": npy(np.zeros((2, 3), np.int32))}
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    first, second = list(iter_samples(path.read_bytes(), str(path)))
+    assert first["key"] == key and first["loss_mask"].dtype == np.uint8 and first["tokens"].tolist() == list(range(8))
+    assert first["media"] == [b"png-zero", b"png-one"] and first["images"] == ["a", "b"] and first["txt"] == b"hello"
+    assert second["tokens"].shape == (2, 3)
+
+
+def npy(array):
+    from datapipe.shards import npy_bytes
+
+    return npy_bytes(array)

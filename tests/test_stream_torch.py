@@ -1,0 +1,79 @@
+"""The torch adapter under torchdata's StatefulDataLoader: exact resume with and without worker processes."""
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'datapipe[torch]'")
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+
+from datapipe.torch_data import StreamDataset, collate_packed  # noqa: E402
+from tests.test_shards import write_run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("torch") / "main"
+    write_run(folder, n_docs=400, per_shard=7)
+    return folder
+
+
+def make_loader(stage, num_workers, rank=0, world_size=1):
+    dataset = StreamDataset(stage, rank=rank, world_size=world_size, shuffle=True, seed=3, buffer=9)
+    loader = StatefulDataLoader(dataset, batch_size=4, num_workers=num_workers, collate_fn=collate_packed,
+                                multiprocessing_context="fork" if num_workers else None)
+    return dataset, loader
+
+
+def batches(dataset, loader, epochs, skip=0):
+    """Keys batch by batch over `epochs` epochs (set_epoch at each, as a trainer does)."""
+    out = []
+    for epoch in epochs:
+        dataset.set_epoch(epoch)
+        out += [batch["keys"] for batch in loader]
+    return out[skip:]
+
+
+def test_resume_without_workers_across_epochs(stage):
+    reference = batches(*make_loader(stage, 0), range(2))
+    for cut in sorted(random.Random(0).sample(range(len(reference)), 6)) + [len(reference) // 2]:
+        dataset, loader = make_loader(stage, 0)
+        head, epoch = [], 0
+        for epoch in range(2):
+            dataset.set_epoch(epoch)
+            head += [b["keys"] for _, b in zip(range(cut - len(head)), loader)]  # range first: zip pulls no extra batch
+            if len(head) == cut:
+                break
+        state = loader.state_dict()
+        dataset, loader = make_loader(stage, 0)
+        loader.load_state_dict(state)
+        assert head + batches(dataset, loader, range(epoch, 2)) == reference, f"cut after {cut} batches"
+
+
+@pytest.mark.slow
+def test_resume_with_two_workers(stage):
+    dataset, loader = make_loader(stage, 2, rank=1, world_size=2)
+    reference = batches(dataset, loader, [0])
+    assert sorted(k for b in reference for k in b) == sorted(s["key"] for s in dataset.template)
+    for cut in (1, 6, len(reference) - 2):
+        dataset, loader = make_loader(stage, 2, rank=1, world_size=2)
+        iterator = iter(loader)
+        head = [next(iterator)["keys"] for _ in range(cut)]
+        state = loader.state_dict()
+        del iterator
+        dataset, loader = make_loader(stage, 2, rank=1, world_size=2)
+        loader.load_state_dict(state)
+        assert head + [b["keys"] for b in loader] == reference, f"cut after {cut} batches"
+
+
+def test_collate_builds_varlen_attention_inputs(stage):
+    dataset = StreamDataset(stage)
+    samples = [sample for _, sample in zip(range(3), dataset)]
+    batch = collate_packed(samples)
+    assert batch["tokens"].shape == (3, 128) and batch["tokens"].dtype == torch.int64
+    assert int(batch["cu_seqlens"][-1]) == 3 * 128
+    first = samples[0]["doc_lens"]
+    assert batch["position_ids"][0, : first[0]].tolist() == list(range(first[0]))
+    if len(first) > 1:
+        assert int(batch["position_ids"][0, first[0]]) == 0
+    assert np.array_equal(batch["tokens"][1].numpy(), samples[1]["tokens"])
