@@ -121,10 +121,10 @@ def write_run_manifest(out: Path, stages: list[dict[str, Any]], info: dict[str, 
 
 
 def read_shard(path: Path | str) -> Iterator[PackedSample]:
-    """The samples of one shard, in write order (arrays are views of the mapped file)."""
-    from datapipe.fetch import map_local
+    """The samples of one shard, in write order (arrays are views of one buffer holding the shard)."""
+    from datapipe.fetch import read_local
 
-    yield from iter_samples(map_local(Path(path)), str(path))
+    yield from iter_samples(read_local(Path(path)), str(path))
 
 
 def read_shards(folder: Path | str) -> Iterator[PackedSample]:

@@ -44,7 +44,7 @@ class StreamOptions:
     verify: bool = False  # check each shard's sha256 (about 1.5 GB/s of one core, in the prefetch threads)
     on_error: str = "raise"  # "raise": a bad shard stops with its name; "skip": leave it out and log it
     cache_dir: str | None = None  # keep downloaded shards here; None: remote shards stay in memory only
-    prefetch: int = 2  # shards fetched ahead of the one being decoded
+    prefetch: int = 2  # shards read ahead of the one being decoded; memory holds about prefetch + 2 shards
 
 
 class Stream:
@@ -118,16 +118,15 @@ class Stream:
     def read_slots(self, spans: Iterator[Span]) -> Iterator[PackedSample | None]:
         """One sample per planned position, in plan order; None where a skipped shard was.
 
-        Downloads and sha256 run in `prefetch` threads (both release the GIL). Mapping a local
-        file takes microseconds, so without verify it stays on this thread: a fetch thread
-        would only contend for the GIL (each handoff can cost a 5 ms switch interval)."""
-        threaded = self.options.verify or any(fetch.is_url(stage.location) for stage in self.stages)
+        Reads, downloads and sha256 run `prefetch` shards ahead in threads (all three release
+        the GIL), so the next shard arrives while this one is decoded; prefetch=0 reads inline."""
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.prefetch), thread_name_prefix="datapipe-fetch")
-        submit = pool.submit if threaded else run_now
+        submit = pool.submit if self.options.prefetch else run_now
+        buffers = fetch.BufferPool(keep=self.options.prefetch + 4)
         pending: deque = deque()
         try:
             for span in spans:
-                pending.append((span, submit(self.load, span)))
+                pending.append((span, submit(self.load, span, buffers)))
                 if len(pending) > self.options.prefetch:
                     yield from self.span_samples(*pending.popleft())
             while pending:
@@ -135,11 +134,11 @@ class Stream:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def load(self, span: Span):
+    def load(self, span: Span, buffers: fetch.BufferPool):
         stage = self.stages[span.stage]
         shard = stage.shards[span.shard]
         cache = Path(self.options.cache_dir) if self.options.cache_dir else None
-        return fetch.load_shard(fetch.join(stage.location, shard["name"]), shard, cache, self.options.verify)
+        return fetch.load_shard(fetch.join(stage.location, shard["name"]), shard, cache, self.options.verify, buffers)
 
     def span_samples(self, span: Span, future) -> Iterator[PackedSample | None]:
         stage = self.stages[span.stage]

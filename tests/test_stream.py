@@ -252,3 +252,24 @@ def test_unfinished_run_is_not_mistaken_for_a_finished_one(tmp_path):
         raise RuntimeError("the run crashed")
     with pytest.raises(FileNotFoundError, match="did not finish"):
         stream(tmp_path / "main")
+
+
+def test_buffer_pool_reuses_a_buffer_only_when_no_sample_views_it():
+    from datapipe.fetch import BufferPool
+
+    pool = BufferPool(keep=2)
+    first = pool.take(1000)
+    tokens = first[512:].view(np.uint32)  # what a sample holds: a view of a view
+    del first
+    second = pool.take(1000)
+    assert not np.shares_memory(tokens, second)  # still viewed: not handed out again
+    del tokens
+    assert np.shares_memory(pool.take(800), pool.buffers[0])  # free again: reused
+
+
+def test_samples_kept_across_epochs_stay_intact(stage):
+    loader = stream(stage, shuffle=True, seed=2, prefetch=1)
+    kept = [s for _ in range(3) for s in loader]  # three epochs held at once: every buffer stays referenced
+    reference = {s["key"]: s for s in read_shards(stage)}
+    for sample in kept:
+        assert np.array_equal(sample["tokens"], reference[sample["key"]]["tokens"])

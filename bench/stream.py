@@ -1,0 +1,159 @@
+"""Loader throughput: datapipe.stream against `cat`, webdataset and MosaicML streaming, on the same samples.
+
+    .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 4096] [--repeats 3]
+
+Writes packed samples (lognormal document lengths, as the packer makes them) with our
+ShardWriter, converts the same samples to MDS for MosaicML streaming, warms the page
+cache, then times in rounds, the loaders in turn: a raw sequential read of the shard
+files (`cat` into /dev/null), our loader, `webdataset.WebDataset(...).decode()`, and
+`streaming.StreamingDataset`. Every loader hands out token arrays already in memory (ours
+reads each shard whole, the others copy per sample); the consumer gathers them into
+batches of 8 and reads one token of each. tokens/s counts every position (seq_len per sample). Then resume: a fresh
+shuffled loader restores a state at a random position and yields its next sample.
+Medians over the rounds; the machine is shared, so compare the ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from datapipe.packing import Packer  # noqa: E402
+from datapipe.shards import ShardWriter, read_manifest, read_shards  # noqa: E402
+from datapipe.stream import stream  # noqa: E402
+
+BATCH = 8
+
+
+def make_samples(seq_len: int, n_samples: int, seed: int = 0):
+    """Packed samples from random documents of lognormal length (median ~1.1K tokens)."""
+    rng = np.random.default_rng(seed)
+    packer, samples, index = Packer("main", seq_len, 256, pad_id=2), [], 0
+    while len(samples) < n_samples:
+        length = int(np.clip(rng.lognormal(7.0, 1.2), 16, 4 * seq_len))
+        samples += packer.add(f"doc{index}", rng.integers(3, 160_000, size=length, dtype=np.uint32))
+        index += 1
+    return (samples + list(packer.flush()))[:n_samples]
+
+
+def write_ours(folder: Path, samples, per_shard: int) -> None:
+    with ShardWriter(folder, per_shard, {"stage": "main", "seq_len": len(samples[0]["tokens"])}) as writer:
+        for sample in samples:
+            writer.write(sample)
+
+
+def import_streaming():
+    # streaming/__init__ imports its vision datasets, which need torchvision; PyPI's torchvision is
+    # built against CUDA torch and fails to load beside the CPU build. The text path never uses it.
+    sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+    import streaming
+
+    return streaming
+
+
+def write_mds(folder: Path, stage: Path, seq_len: int, per_shard_bytes: int) -> None:
+    streaming = import_streaming()
+    columns = {"tokens": f"ndarray:uint32:{seq_len}", "doc_lens": "ndarray:int32", "json": "json"}
+    with streaming.MDSWriter(out=str(folder), columns=columns, size_limit=per_shard_bytes) as writer:
+        for s in read_shards(stage):
+            writer.write({"tokens": s["tokens"], "doc_lens": s["doc_lens"],
+                          "json": {"doc_ids": s["doc_ids"], "seq_len": s["seq_len"], "num_pad": s["num_pad"]}})
+
+
+def consume(samples, key: str, seq_len: int) -> int:
+    """Gather token arrays into batches, as a trainer's collate receives them; return how many samples came."""
+    batch, count, checksum = [], 0, 0
+    for sample in samples:
+        tokens = sample[key]
+        if len(tokens) != seq_len:
+            raise RuntimeError(f"a sample of {len(tokens)} tokens, expected {seq_len}")
+        batch.append(tokens)
+        checksum += int(tokens[-1])
+        count += 1
+        if len(batch) == BATCH:
+            batch = []
+    return count
+
+
+def time_raw(paths: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
+
+
+def time_loader(make, key: str, seq_len: int, expected: int) -> float:
+    start = time.perf_counter()
+    count = consume(make(), key, seq_len)
+    elapsed = time.perf_counter() - start
+    if count != expected:
+        raise RuntimeError(f"a loader yielded {count} samples, expected {expected}")
+    return elapsed
+
+
+def time_resume(stage: Path, samples: int, rng: np.random.Generator) -> float:
+    position = int(rng.integers(samples))
+    state = {**stream(stage, shuffle=True, seed=1).state_dict(), "epoch": int(rng.integers(100)), "position": position}
+    start = time.perf_counter()
+    loader = stream(stage, shuffle=True, seed=1)
+    loader.load_state_dict(state)
+    next(iter(loader))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--per-shard", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
+    stage, seq_len = work / "main", args.seq_len
+    write_ours(stage, make_samples(seq_len, args.samples), args.per_shard)
+    manifest = read_manifest(stage)
+    paths = [str(stage / shard["name"]) for shard in manifest["shards"]]
+    write_mds(work / "mds", stage, seq_len, manifest["shards"][0]["bytes"])
+    streaming = import_streaming()
+    n, total_bytes = manifest["samples"], sum(shard["bytes"] for shard in manifest["shards"])
+    print(f"{n} samples x {seq_len} tokens in {len(paths)} shards, {total_bytes / 2**20:.0f} MiB", file=sys.stderr)
+
+    import webdataset as wds
+
+    loaders = {
+        "raw": lambda: time_raw(paths),
+        "ours": lambda: time_loader(lambda: stream(stage), "tokens", seq_len, n),
+        "ours_shuffled": lambda: time_loader(lambda: stream(stage, shuffle=True, seed=0), "tokens", seq_len, n),
+        "webdataset": lambda: time_loader(lambda: wds.WebDataset(paths, shardshuffle=False).decode(), "tokens.npy",
+                                          seq_len, n),
+        "streaming": lambda: time_loader(lambda: streaming.StreamingDataset(local=str(work / "mds"), batch_size=BATCH),
+                                         "tokens", seq_len, n),
+    }
+    time_raw(paths)  # warm the page cache: every reader then reads from memory
+    times = {name: [] for name in loaders}
+    for _ in range(args.repeats):
+        for name, run in loaders.items():
+            times[name].append(run())
+    rates = {name: n * seq_len / statistics.median(values) for name, values in times.items()}
+    for name, rate in rates.items():
+        print(f"{name:>14}: {rate / 1e6:8.1f} M tokens/s  (runs: {', '.join(f'{t:.3f}s' for t in times[name])})",
+              file=sys.stderr)
+    rng = np.random.default_rng(0)
+    resume = statistics.median(time_resume(stage, n, rng) for _ in range(9))
+    print(f"bench stream: tokens_per_s={rates['ours']:.3g} raw_tokens_per_s={rates['raw']:.3g} "
+          f"x_vs_webdataset={rates['ours'] / rates['webdataset']:.2f} "
+          f"x_vs_streaming={rates['ours'] / rates['streaming']:.2f} frac_of_raw={rates['ours'] / rates['raw']:.2f} "
+          f"shuffled_frac_of_raw={rates['ours_shuffled'] / rates['raw']:.2f} resume_s={resume:.3f} "
+          f"seq_len={seq_len} samples={n}")
+
+
+if __name__ == "__main__":
+    main()
