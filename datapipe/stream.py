@@ -21,7 +21,7 @@ import json
 import logging
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,13 +33,14 @@ from datapipe.tarsamples import ShardError, iter_samples
 
 log = logging.getLogger(__name__)
 ON_ERROR = ("raise", "skip")
+WINDOW_BYTES = 64 << 20  # the default shuffle window's memory: a trainer host has it to spare per rank
 
 
 @dataclass(frozen=True)
 class StreamOptions:
     shuffle: bool = False  # permute shard order and shuffle within windows, from (seed, epoch)
     seed: int = 0  # the same seed, epoch and placement give the same order on every machine
-    buffer: int = 1024  # shuffle window in samples: 1024 x 8K tokens is 32 MiB held in memory
+    buffer: int | None = None  # shuffle window in samples; None: what fits in 64 MiB (~2K at 8K tokens, 255 at 64K)
     loop: bool = False  # False: one iter() is one epoch; True: epochs follow each other forever
     verify: bool = False  # check each shard's sha256 (about 1.5 GB/s of one core, in the prefetch threads)
     on_error: str = "raise"  # "raise": a bad shard stops with its name; "skip": leave it out and log it
@@ -52,10 +53,10 @@ class Stream:
 
     def __init__(self, source: str | Path | list[str | Path], rank: int = 0, world_size: int = 1,
                  worker: int = 0, num_workers: int = 1, **options: Any):
-        self.options = StreamOptions(**options)
         self.place = Placement(rank, world_size, worker, num_workers)
-        check_options(self.options, self.place)
         self.stages = load_stages(source)
+        self.options = resolve_buffer(StreamOptions(**options), self.stages)
+        check_options(self.options, self.place)
         self.epoch, self.position = 0, 0
         self.skipped: list[str] = []  # shards left out under on_error="skip", in the order met
 
@@ -103,26 +104,38 @@ class Stream:
         todo = [w for w in windows(segments, self.place, options.seed, self.epoch, options.buffer)
                 if w[0] + w[1] > self.position]
         if todo:
-            slots = self.read_slots(spans_from(segments, todo[0][0]))
+            first = todo[0][0] if options.shuffle else self.position
+            slots = self.read_slots(spans_from(segments, first), shards_per_window(self.stages, options))
             try:
-                for start, size, key in todo:
-                    chunk = list(islice(slots, size))
-                    for index in window_order(size, key, options.shuffle)[self.position - start:]:
-                        self.position += 1
-                        if chunk[index] is not None:
-                            yield chunk[index]
+                yield from self.shuffled(todo, slots) if options.shuffle else self.in_order(slots)
             finally:
                 slots.close()
         self.epoch, self.position = self.epoch + 1, 0
 
-    def read_slots(self, spans: Iterator[Span]) -> Iterator[PackedSample | None]:
+    def in_order(self, slots: Iterator[PackedSample | None]) -> Iterator[PackedSample]:
+        for sample in slots:
+            self.position += 1
+            if sample is not None:
+                yield sample
+
+    def shuffled(self, todo: list, slots: Iterator[PackedSample | None]) -> Iterator[PackedSample]:
+        """Fill a window, yield it in its permuted order from the current position; the next window."""
+        for start, size, key in todo:
+            chunk = list(islice(slots, size))
+            for index in window_order(size, key, True)[self.position - start:]:
+                sample, chunk[index] = chunk[index], None  # drop our reference: its shard buffer frees sooner
+                self.position += 1
+                if sample is not None:
+                    yield sample
+
+    def read_slots(self, spans: Iterator[Span], window_shards: int) -> Iterator[PackedSample | None]:
         """One sample per planned position, in plan order; None where a skipped shard was.
 
         Reads, downloads and sha256 run `prefetch` shards ahead in threads (all three release
         the GIL), so the next shard arrives while this one is decoded; prefetch=0 reads inline."""
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.prefetch), thread_name_prefix="datapipe-fetch")
         submit = pool.submit if self.options.prefetch else run_now
-        buffers = fetch.BufferPool(keep=self.options.prefetch + 4)
+        buffers = fetch.BufferPool(keep=self.options.prefetch + 2 + window_shards)
         pending: deque = deque()
         try:
             for span in spans:
@@ -157,6 +170,22 @@ class Stream:
             log.warning("skipping the rest of a shard: %s", err)
             self.skipped.append(location)
             yield from [None] * (span.stop - span.start - produced)
+
+
+def resolve_buffer(options: StreamOptions, stages: list[Stage]) -> StreamOptions:
+    """Fill in the default shuffle window: WINDOW_BYTES of the largest samples, 16 to 8192 of them."""
+    if options.buffer is not None:
+        return options
+    sample_bytes = max(sum(s["bytes"] for s in stage.shards) / max(1, stage.samples) for stage in stages)
+    return replace(options, buffer=int(min(8192, max(16, WINDOW_BYTES // max(1, sample_bytes)))))
+
+
+def shards_per_window(stages: list[Stage], options: StreamOptions) -> int:
+    """How many shards one shuffle window spans at most: their buffers stay alive together."""
+    if not options.shuffle:
+        return 1
+    smallest = min(shard["samples"] for stage in stages for shard in stage.shards)
+    return min(64, -(-options.buffer // max(1, smallest)) + 1)
 
 
 def run_now(function, *args) -> Future:
