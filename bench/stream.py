@@ -27,9 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datapipe.packing import Packer  # noqa: E402
-from datapipe.shards import ShardWriter, read_manifest, read_shards  # noqa: E402
-from datapipe.stream import stream  # noqa: E402
+from datapipe.packing import Packer
+from datapipe.shards import ShardWriter, read_manifest, read_shards
+from datapipe.stream import stream
 
 BATCH = 8
 

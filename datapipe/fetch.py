@@ -33,7 +33,7 @@ def is_url(location: str) -> bool:
 
 
 def local_path(location: str) -> Path:
-    return Path(location[len("file://"):] if location.startswith("file://") else location)
+    return Path(location.removeprefix("file://"))
 
 
 def join(location: str, name: str) -> str:

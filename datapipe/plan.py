@@ -20,8 +20,9 @@ like WebDataset's buffer, but its order depends on the position alone.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -20,11 +20,12 @@ import hashlib
 import json
 import logging
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from datapipe import fetch
 from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, window_order, windows
@@ -60,7 +61,7 @@ class Stream:
         self.epoch, self.position = 0, 0
         self.skipped: list[str] = []  # shards left out under on_error="skip", in the order met
 
-    def for_worker(self, worker: int, num_workers: int) -> "Stream":
+    def for_worker(self, worker: int, num_workers: int) -> Stream:
         """The same loader for one DataLoader worker: a contiguous part of this rank's samples."""
         other = copy.copy(self)
         other.place = Placement(self.place.rank, self.place.world_size, worker, num_workers)

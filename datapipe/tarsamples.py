@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import ast
 import math
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -12,8 +12,9 @@ needs no torch; this module is the only one that imports it.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

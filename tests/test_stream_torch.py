@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'datapipe[torch]'")
-from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader
 
-from datapipe.torch_data import StreamDataset, collate_packed  # noqa: E402
-from tests.test_shards import write_run  # noqa: E402
+from datapipe.torch_data import StreamDataset, collate_packed
+from tests.test_shards import write_run
 
 
 @pytest.fixture(scope="module")
