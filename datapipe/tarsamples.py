@@ -38,13 +38,13 @@ class ShardError(ValueError):
 
 def iter_members(buffer, shard: str) -> Iterator[tuple[str, int, int]]:
     """(name, data offset, size) of every regular file member, in archive order."""
-    view, end, offset = memoryview(buffer), len(buffer), 0
+    view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    end, offset = len(view), 0
     long_name = None  # from a GNU 'L' or pax 'x' header: the next member's real name
     while offset + BLOCK <= end:
-        header = bytes(view[offset : offset + BLOCK])
-        if header[0] == 0:  # an all-zero block: the end-of-archive marker
+        if view[offset] == 0:  # an all-zero block: the end-of-archive marker
             return
-        name, size, kind = parse_header(header, shard, offset)
+        name, size, kind = parse_header(bytes(view[offset : offset + BLOCK]), shard, offset)
         data = offset + BLOCK
         if data + size > end:
             raise ShardError(f"{shard}: truncated inside member {name!r} at byte {offset} ({end} bytes in all); "
@@ -88,12 +88,13 @@ def iter_samples(buffer, shard: str, start: int = 0, stop: int | None = None) ->
     if stop is not None and stop <= start:
         return
     array = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8)
+    view = memoryview(array)
     index, key, members = 0, None, []
-    for name, offset, size in iter_members(array, shard):
+    for name, offset, size in iter_members(view, shard):
         member_key, _, suffix = name.rpartition("/")[2].partition(".")
         if member_key != key and members:
             if index >= start:
-                yield decode_sample(array, key, members, shard)
+                yield decode_sample(array, key, members, shard, view)
             index += 1
             members = []
             if stop is not None and index >= stop:
@@ -101,23 +102,25 @@ def iter_samples(buffer, shard: str, start: int = 0, stop: int | None = None) ->
         key = member_key
         members.append((suffix, offset, size))
     if members and index >= start and (stop is None or index < stop):
-        yield decode_sample(array, key, members, shard)
+        yield decode_sample(array, key, members, shard, view)
 
 
-def decode_sample(array: np.ndarray, key: str, members: list[tuple[str, int, int]], shard: str) -> dict[str, Any]:
+def decode_sample(array: np.ndarray, key: str, members: list[tuple[str, int, int]], shard: str,
+                  view: memoryview | None = None) -> dict[str, Any]:
+    view = view if view is not None else memoryview(array)
     sample: dict[str, Any] = {"key": key}
     for suffix, offset, size in members:
         kind, name = member_kind(suffix)
         try:
             if kind == "npy":
-                sample[name] = npy_view(array, offset, size)
+                sample[name] = npy_view(array, offset, size, view)
             elif kind == "json":
-                sample.update(json_loads(array[offset : offset + size].tobytes()))
+                sample.update(json_loads(bytes(view[offset : offset + size])))
             elif kind == "image":
                 sample.setdefault("media", []).append((int(name) if name.isdigit() else len(sample.get("media", [])),
-                                                       array[offset : offset + size].tobytes()))
+                                                       bytes(view[offset : offset + size])))
             else:
-                sample[name] = array[offset : offset + size].tobytes()
+                sample[name] = bytes(view[offset : offset + size])
         except (ValueError, SyntaxError, KeyError, TypeError) as err:  # what a damaged member raises
             raise ShardError(f"{shard}: member {key}.{suffix} does not decode ({err}); "
                              "check it with verify=True, rewrite it, or read with on_error='skip'") from None
@@ -139,12 +142,14 @@ def member_kind(suffix: str) -> tuple[str, str]:
     return "bytes", suffix
 
 
-def npy_view(array: np.ndarray, offset: int, size: int) -> np.ndarray:
-    """An .npy member as an array viewing the shard's uint8 array."""
-    lead = array[offset : offset + 12].tobytes()
-    width = 2 if lead[6] == 1 else 4  # format 1.0 has a 2-byte header length, 2.0 and 3.0 four
-    header_len = int.from_bytes(lead[8 : 8 + width], "little")
-    dtype, shape, fortran, count, data = npy_header(array[offset : offset + 8 + width + header_len].tobytes())
+def npy_view(array: np.ndarray, offset: int, size: int, view: memoryview | None = None) -> np.ndarray:
+    """An .npy member as an array viewing the shard's uint8 array (`view`: a memoryview of it, for speed)."""
+    view = view if view is not None else memoryview(array)
+    if view[offset + 6] == 1:  # format 1.0: a 2-byte header length; 2.0 and 3.0 have four
+        header_end = offset + 10 + (view[offset + 8] | view[offset + 9] << 8)
+    else:
+        header_end = offset + 12 + int.from_bytes(view[offset + 8 : offset + 12], "little")
+    dtype, shape, fortran, count, data = npy_header(bytes(view[offset:header_end]))
     end = offset + data + count * dtype.itemsize
     if end > offset + size:
         raise ValueError(f"array of shape {shape} does not fit in {size} bytes")
