@@ -19,6 +19,7 @@ like WebDataset's buffer, but its order depends on the position alone.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ def epoch_plan(stages: list[Stage], place: Placement, seed: int, epoch: int, shu
 def shard_order(n_shards: int, seed: int, epoch: int, stage: int, pass_index: int, shuffle: bool) -> np.ndarray:
     if not shuffle:
         return np.arange(n_shards)
-    return np.random.default_rng([seed, epoch, stage, pass_index]).permutation(n_shards)
+    return permutation(n_shards, [seed, epoch, stage, pass_index])
 
 
 def slice_spans(stage: Stage, stage_index: int, order: np.ndarray, lo: int, hi: int) -> tuple[Span, ...]:
@@ -127,7 +128,21 @@ def windows(segments: list[Segment], place: Placement, seed: int, epoch: int,
 def window_order(size: int, key: list[int], shuffle: bool) -> list[int]:
     if not shuffle or size == 1:
         return list(range(size))
-    return np.random.default_rng(key).permutation(size).tolist()
+    return permutation(size, key).tolist()
+
+
+def permutation(n: int, key: list[int]) -> np.ndarray:
+    """A permutation of range(n) fixed by `key` forever: items sorted by a splitmix64 hash of
+    (key, item). NumPy's Generator promises no stream compatibility across releases, and a
+    resumed run after an upgrade must still see the same order."""
+    text = ",".join(str(int(k)) for k in key)  # the same for Python and NumPy integers
+    base = np.uint64(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little"))
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as splitmix64 intends
+        z = np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + base
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return np.argsort(z, kind="stable")
 
 
 def spans_from(segments: list[Segment], position: int) -> Iterator[Span]:
