@@ -2,7 +2,7 @@
 
 Importing the package loads no heavy dependency; Ray loads only in datapipe.runner.
 """
-from datapipe.stream import stream
+from datapipe.stream import Stream, stream
 
 __version__ = "0.1.0"
-__all__ = ["stream", "__version__"]
+__all__ = ["Stream", "stream", "__version__"]

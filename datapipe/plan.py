@@ -15,7 +15,8 @@ sequential: a rank opens about 1/world_size of the shards per pass, not all of t
 Within one (rank, worker) and pass, samples are shuffled in windows of `buffer`
 consecutive samples, each window by its own permutation from (seed, epoch, stage, pass,
 rank, worker, window). The window is the shuffle buffer: the loader holds one in memory,
-like WebDataset's buffer, but its order depends on the position alone.
+like WebDataset's buffer, but its order depends on the position alone. Permutations are
+sorts by a splitmix64 hash of (key, item), so they never change with a library version.
 """
 from __future__ import annotations
 
