@@ -45,10 +45,8 @@ def read_text(location: str) -> str | None:
     if not is_url(location):
         path = local_path(location)
         return path.read_text() if path.is_file() else None
-    filesystem = open_filesystem(location)
     try:
-        with filesystem.open(location, "rb") as stream:
-            return stream.read().decode()
+        return open_filesystem(location).cat_file(location).decode()
     except FileNotFoundError:
         return None
 
@@ -117,8 +115,7 @@ def read_local(path: Path, pool: BufferPool | None = None) -> np.ndarray:
 
 def download(url: str) -> bytearray:
     try:
-        with open_filesystem(url).open(url, "rb") as stream:
-            return bytearray(stream.read())
+        return bytearray(open_filesystem(url).cat_file(url))  # one plain GET: no range requests needed
     except FileNotFoundError:
         raise ShardError(f"{url}: shard listed in the manifest is missing on the server; "
                          "upload the whole stage folder, or read with on_error='skip'") from None

@@ -1,4 +1,5 @@
 """The streaming loader: equal rank splits, seeded shuffle, exact resume, curriculum, HTTP, bad shards."""
+import contextlib
 import functools
 import http.server
 import json
@@ -160,15 +161,23 @@ def test_curriculum_resumes_exactly_across_a_stage_switch(tmp_path):
         assert resume_at(make, cut, len(whole) + 4) == keys(islice(iter(make()), len(whole) + 4))
 
 
-@pytest.fixture(scope="module")
-def http_url(stage):
-    handler = functools.partial(QuietHandler, directory=str(stage.parent))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+@contextlib.contextmanager
+def serve(folder):
+    """A local HTTP server for `folder`, in a thread; yields its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(folder)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    thread.join()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def http_url(stage):
+    with serve(stage.parent) as url:
+        yield url
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -191,6 +200,16 @@ def test_loader_over_http_equals_the_local_one(stage, http_url, tmp_path):
     assert len(list((tmp_path / "cache").iterdir())) >= len(read_manifest(stage)["shards"]) // 2
     cached.set_epoch(0)
     assert_same_samples(list(cached), local)  # again, from the cache
+
+
+def test_remote_bad_shards_are_named_by_url(stage_copy):
+    (stage_copy / "shard-000004.tar").unlink()
+    damage(stage_copy / "shard-000001.tar", 700, b"\xff\xfe")
+    with serve(stage_copy.parent) as url:
+        with pytest.raises(ShardError, match=r"/main/shard-000001\.tar: sha256 differs"):
+            list(stream(f"{url}/main", verify=True))
+        with pytest.raises(ShardError, match=r"/main/shard-000004\.tar: shard listed in the manifest is missing"):
+            list(stream(f"{url}/main"))
 
 
 def test_missing_remote_folder_says_what_is_wrong(http_url):
