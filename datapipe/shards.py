@@ -115,7 +115,8 @@ def write_run_manifest(out: Path, stages: list[dict[str, Any]], info: dict[str, 
 
     Each stage entry is {"name": folder name under out/, "token_budget": tokens to train on
     before moving to the next stage, or None for one pass over the stage's shards}."""
-    manifest = {"format": RUN_FORMAT, **info, "stages": [{"token_budget": None, **stage} for stage in stages]}
+    entries = [{**stage, "token_budget": stage.get("token_budget")} for stage in stages]
+    manifest = {"format": RUN_FORMAT, **info, "stages": entries}
     write_atomic(Path(out) / RUN_MANIFEST, json.dumps(manifest, indent=2).encode())
     return manifest
 
