@@ -1,81 +1,189 @@
-"""Pack tokenized documents into sequences of exactly `seq_len` tokens.
+"""Pack document pieces into sequences of exactly `seq_len` tokens.
 
-Best-fit decreasing over a window of documents: the window's pieces are sorted by
-length, longest first, and each goes into the open sequence with the least room
-that still fits it (a sorted list of remaining capacities, found by bisection).
-Only a document longer than `seq_len` is split, into `seq_len` pieces and a
-remainder. At the end of a window every sequence is closed and padded explicitly,
-so no token is lost; a larger window leaves fewer partly filled sequences.
+Best-fit decreasing (BFD): pieces are sorted by length, longest first, and each goes
+into the open sequence with the least room that still fits it. Open sequences are
+kept in a segment tree over their remaining capacity (0..seq_len), so finding the
+tightest fit is a walk of log2(seq_len) levels (13 at 8K, 20 at 1M) whatever the
+number of open sequences; the loop is compiled with numba. Measured by bench/pack.py
+on 2 shared cores: 99.99% fill at 8K on a lognormal ~2K mix, 99.9% at 1M on a ~64K
+cooldown mix, about 3M documents/s at 8K, splitting only the documents that cannot
+fit (longer than seq_len) where concat-and-chunk splits one document per sequence.
+
+Only a document longer than `seq_len` is split, into pieces of at most `seq_len`;
+a cut never falls inside a media span (`<|media_begin|> ... <|media_end|>`), it moves
+back to the span's start. Padding is explicit, at the end of a sequence.
 """
 from __future__ import annotations
 
-import bisect
-from typing import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from datapipe.schema import PackedSample
 
-
-class Packer:
-    """Collects documents and yields PackedSamples, one window at a time."""
-
-    def __init__(self, name: str, seq_len: int, window: int, pad_id: int):
-        self.name, self.seq_len, self.window, self.pad_id = name, seq_len, window, pad_id
-        self.pending: list[tuple[str, np.ndarray]] = []
-        self.emitted = 0
-        self.split_docs = 0
-
-    def add(self, doc_id: str, tokens: np.ndarray) -> Iterator[PackedSample]:
-        self.pending.append((doc_id, tokens))
-        if len(self.pending) >= self.window:
-            yield from self.flush()
-
-    def flush(self) -> Iterator[PackedSample]:
-        pieces = self.split_long(self.pending)
-        self.pending = []
-        for bin_pieces in best_fit_decreasing(pieces, self.seq_len):
-            yield self.make_sample(bin_pieces)
-
-    def split_long(self, docs: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
-        pieces = []
-        for doc_id, tokens in docs:
-            if len(tokens) > self.seq_len:
-                self.split_docs += 1
-            pieces.extend((doc_id, tokens[i : i + self.seq_len]) for i in range(0, len(tokens), self.seq_len))
-        return pieces
-
-    def make_sample(self, pieces: list[tuple[str, np.ndarray]]) -> PackedSample:
-        used = sum(len(tokens) for _, tokens in pieces)
-        num_pad = self.seq_len - used
-        tokens = np.full(self.seq_len, self.pad_id, dtype=np.uint32)
-        tokens[:used] = np.concatenate([t for _, t in pieces])
-        sample: PackedSample = {
-            "key": f"{self.name}-{self.emitted:09d}",
-            "tokens": tokens,
-            "doc_lens": np.array([len(t) for _, t in pieces], dtype=np.int32),
-            "doc_ids": [doc_id for doc_id, _ in pieces],
-            "seq_len": self.seq_len,
-            "num_pad": num_pad,
-        }
-        self.emitted += 1
-        return sample
+if TYPE_CHECKING:
+    from datapipe.spill import Corpus
 
 
-def best_fit_decreasing(pieces: list[tuple[str, np.ndarray]], capacity: int) -> list[list[tuple[str, np.ndarray]]]:
-    """Bins of pieces, each bin's total at most `capacity`; deterministic for equal lengths."""
-    order = sorted(range(len(pieces)), key=lambda i: (-len(pieces[i][1]), i))
-    bins: list[list[tuple[str, np.ndarray]]] = []
-    room: list[tuple[int, int]] = []  # (remaining capacity, bin index), sorted
-    for i in order:
-        size = len(pieces[i][1])
-        at = bisect.bisect_left(room, (size, -1))
-        if at == len(room):
-            bins.append([])
-            remaining, index = capacity, len(bins) - 1
+@dataclass(frozen=True)
+class SpecialIds:
+    """The token ids packing needs, read from the tokenizer (never hard-coded)."""
+
+    pad: int
+    media_begin: int
+    media_end: int
+
+    @classmethod
+    def from_tokenizer(cls, name_or_path: str) -> "SpecialIds":
+        from tokenizer.bpe import special_token_ids
+
+        ids = special_token_ids(name_or_path)
+        return cls(ids["<|pad|>"], ids["<|media_begin|>"], ids["<|media_end|>"])
+
+
+@dataclass
+class Pieces:
+    """Document pieces in packing order: piece i is tokens [start, start+length) of corpus row doc."""
+
+    doc: np.ndarray  # int64 corpus row
+    start: np.ndarray  # int64 offset inside the document
+    length: np.ndarray  # int64, 1..seq_len
+
+
+@dataclass
+class PackPlan:
+    """Which pieces make each sequence: sequence b holds pieces order[offsets[b]:offsets[b+1]]."""
+
+    pieces: Pieces
+    order: np.ndarray  # piece indices grouped by sequence, each group in placement order
+    offsets: np.ndarray  # int64 [num_sequences + 1]
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.offsets) - 1
+
+    def sequence(self, b: int) -> np.ndarray:
+        return self.order[self.offsets[b] : self.offsets[b + 1]]
+
+
+def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, int]:
+    """The sequence index of each item (all <= seq_len) and the number of sequences."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) and (lengths.min() < 1 or lengths.max() > seq_len):
+        raise ValueError(f"piece lengths must be within 1..{seq_len}; split longer documents first")
+    from datapipe.bfd_kernel import best_fit_decreasing_loop  # numba compiles once, then loads from its cache
+
+    bins = np.empty(len(lengths), dtype=np.int64)
+    num_bins = best_fit_decreasing_loop(lengths, seq_len, bins)
+    return bins, int(num_bins)
+
+
+def split_pieces(docs: np.ndarray, lengths: np.ndarray, seq_len: int,
+                 spans: dict[int, np.ndarray] | None = None) -> Pieces:
+    """Cut each (doc, length) into pieces of at most seq_len, in order; pieces of one doc stay adjacent."""
+    docs, lengths = np.asarray(docs, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    counts = -(-lengths // seq_len)
+    if counts.max(initial=0) <= 1:
+        return Pieces(docs, np.zeros(len(docs), dtype=np.int64), lengths)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    start = (np.arange(counts.sum()) - first) * seq_len
+    pieces = Pieces(np.repeat(docs, counts), start, np.minimum(seq_len, np.repeat(lengths, counts) - start))
+    if spans and np.isin(docs[counts > 1], np.fromiter(spans, dtype=np.int64)).any():
+        return resplit_around_media(pieces, docs, lengths, counts, seq_len, spans)
+    return pieces
+
+
+def resplit_around_media(pieces: Pieces, docs, lengths, counts, seq_len: int, spans) -> Pieces:
+    """Redo the cuts of the split documents that hold media so that no span is cut."""
+    starts, offsets = [], np.concatenate([[0], np.cumsum(counts)])
+    for k, (doc, length) in enumerate(zip(docs.tolist(), lengths.tolist())):
+        if counts[k] > 1 and doc in spans:
+            starts.append(media_safe_cuts(length, seq_len, spans[doc]))
         else:
-            remaining, index = room.pop(at)
-        bins[index].append(pieces[i])
-        if remaining - size > 0:
-            bisect.insort(room, (remaining - size, index))
-    return bins
+            starts.append(pieces.start[offsets[k] : offsets[k + 1]])
+    new_counts = np.array([len(s) for s in starts], dtype=np.int64)
+    start = np.concatenate(starts).astype(np.int64)
+    ends = np.concatenate([np.append(s[1:], n) for s, n in zip(starts, lengths.tolist())])
+    return Pieces(np.repeat(docs, new_counts), start, ends - start)
+
+
+def media_safe_cuts(length: int, seq_len: int, spans: np.ndarray) -> np.ndarray:
+    """Piece starts for one document: every seq_len tokens, moved back to a span's start if inside it."""
+    cuts, pos = [0], 0
+    while length - pos > seq_len:
+        cut = pos + seq_len
+        inside = (spans[:, 0] < cut) & (cut < spans[:, 1])
+        if inside.any():
+            cut = int(spans[inside, 0][0])
+        if cut <= pos:
+            raise ValueError(f"a media span of {int(np.ptp(spans[inside][0]))} tokens does not fit in {seq_len}")
+        cuts.append(cut)
+        pos = cut
+    return np.array(cuts, dtype=np.int64)
+
+
+def media_safe_prefix(length: int, seq_len: int, spans: np.ndarray | None) -> int:
+    """How many tokens `truncate` keeps: seq_len, or less so as not to end inside a media span."""
+    if length <= seq_len:
+        return length
+    if spans is not None and len(spans):
+        inside = (spans[:, 0] < seq_len) & (seq_len < spans[:, 1])
+        if inside.any():
+            return int(spans[inside, 0][0])
+    return seq_len
+
+
+def plan_packing(pieces: Pieces, seq_len: int, window: int | None = None) -> PackPlan:
+    """BFD over windows of `window` pieces (None: all at once); sequences numbered window by window."""
+    n = len(pieces.length)
+    step = window or max(n, 1)
+    bins, base = np.empty(n, dtype=np.int64), 0
+    for lo in range(0, n, step):
+        window_bins, count = best_fit_decreasing(pieces.length[lo : lo + step], seq_len)
+        bins[lo : lo + step] = window_bins + base
+        base += count
+    order = np.argsort(bins, kind="stable")  # within a sequence: placement order is not needed, input order is
+    offsets = np.searchsorted(bins[order], np.arange(base + 1))
+    return PackPlan(pieces, order, offsets)
+
+
+def position_ids(doc_lens: np.ndarray, seq_len: int) -> np.ndarray:
+    """int32 positions restarting at 0 for each document piece; padding counts as one more piece."""
+    lens = np.asarray(doc_lens, dtype=np.int64)
+    lens = np.append(lens, seq_len - lens.sum()) if lens.sum() < seq_len else lens
+    starts = np.repeat(np.cumsum(lens) - lens, lens)
+    return (np.arange(seq_len) - starts).astype(np.int32)
+
+
+def make_sample(key: str, corpus: "Corpus", plan: PackPlan, b: int, seq_len: int, ids: SpecialIds) -> PackedSample:
+    """Sequence b of the plan as a PackedSample, with its images and loss mask."""
+    from tokenizer.media import loss_mask
+
+    tokens = np.full(seq_len, ids.pad, dtype=np.uint32)
+    doc_lens, doc_ids, doc_offsets, spans, images, pos = [], [], [], [], [], 0
+    for i in plan.sequence(b).tolist():
+        doc, start, length = int(plan.pieces.doc[i]), int(plan.pieces.start[i]), int(plan.pieces.length[i])
+        tokens[pos : pos + length] = corpus.document_tokens(doc)[start : start + length]
+        for k, (a, z) in enumerate(corpus.spans.get(doc, ())):
+            if start <= a and z <= start + length:
+                spans.append([pos + int(a) - start, pos + int(z) - start])
+                images.append(corpus.image(doc, k))
+        doc_lens.append(length)
+        doc_ids.append(corpus.ids[doc])
+        doc_offsets.append(start)
+        pos += length
+    num_pad = seq_len - pos
+    return {
+        "key": key,
+        "tokens": tokens,
+        "doc_lens": np.array(doc_lens, dtype=np.int32),
+        "doc_ids": doc_ids,
+        "doc_offsets": doc_offsets,
+        "position_ids": position_ids(doc_lens, seq_len),
+        "loss_mask": loss_mask(tokens, ids.media_begin, ids.media_end, num_pad),
+        "media_spans": spans,
+        "images": images,
+        "seq_len": seq_len,
+        "num_pad": num_pad,
+    }

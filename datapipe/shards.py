@@ -1,7 +1,9 @@
 """WebDataset tar shards and their manifest.
 
-A sample is three tar members sharing a key: `<key>.tokens.npy` (uint32, seq_len),
-`<key>.doc_lens.npy` (int32) and `<key>.json` (doc_ids, seq_len, num_pad). Members
+A sample is tar members sharing a key: `<key>.tokens.npy` (uint32, seq_len),
+`<key>.doc_lens.npy` (int32), `<key>.loss_mask.npy` (uint8, seq_len), `<key>.json`
+(doc_ids, doc_offsets, seq_len, num_pad, media_spans) and one `<key>.<i>.png` per media span, in
+span order. Position ids are not stored: read_shard derives them from doc_lens. Members
 carry fixed mtime, owner and mode, so the same samples give byte-identical shards.
 A shard is written under a temporary name and renamed when complete; a crash leaves
 no half shard that looks finished. `manifest.json` lists every shard with its
@@ -41,8 +43,14 @@ class ShardWriter:
             self.open_shard()
         add_member(self.tar, f"{sample['key']}.tokens.npy", npy_bytes(sample["tokens"]))
         add_member(self.tar, f"{sample['key']}.doc_lens.npy", npy_bytes(sample["doc_lens"]))
-        fields = {"doc_ids": sample["doc_ids"], "seq_len": sample["seq_len"], "num_pad": sample["num_pad"]}
+        if "loss_mask" in sample:
+            add_member(self.tar, f"{sample['key']}.loss_mask.npy", npy_bytes(sample["loss_mask"]))
+        fields = {"doc_ids": sample["doc_ids"], "seq_len": sample["seq_len"], "num_pad": sample["num_pad"],
+                  "doc_offsets": sample.get("doc_offsets", [0] * len(sample["doc_ids"])),
+                  "media_spans": sample.get("media_spans", [])}
         add_member(self.tar, f"{sample['key']}.json", json.dumps(fields, sort_keys=True).encode())
+        for i, image in enumerate(sample.get("images", [])):
+            add_member(self.tar, f"{sample['key']}.{i}.png", image)
         self.current["samples"] += 1
         self.current["tokens"] += sample["seq_len"] - sample["num_pad"]
         if self.current["samples"] >= self.samples_per_shard:
@@ -97,12 +105,12 @@ def read_shard(path: Path | str) -> Iterator[PackedSample]:
         for member in tar:
             key, _, suffix = member.name.partition(".")
             if sample and sample["key"] != key:
-                yield sample
+                yield finish_sample(sample)
                 sample = {}
             sample["key"] = key
             decode_member(sample, suffix, tar.extractfile(member).read())
         if sample:
-            yield sample
+            yield finish_sample(sample)
 
 
 def read_shards(folder: Path | str) -> Iterator[PackedSample]:
@@ -116,6 +124,20 @@ def decode_member(sample: dict[str, Any], suffix: str, data: bytes) -> None:
         sample[suffix[: -len(".npy")]] = np.load(io.BytesIO(data), allow_pickle=False)
     elif suffix == "json":
         sample.update(json.loads(data))
+    elif suffix.endswith(".png") and suffix.split(".")[0].isdigit():
+        sample.setdefault("images_by_index", {})[int(suffix.split(".")[0])] = data
+
+
+def finish_sample(sample: dict[str, Any]) -> PackedSample:
+    """Images in span order, and the position ids that doc_lens imply."""
+    from datapipe.packing import position_ids
+
+    by_index = sample.pop("images_by_index", {})
+    sample["images"] = [by_index[i] for i in sorted(by_index)]
+    sample.setdefault("media_spans", [])
+    if "doc_lens" in sample and "seq_len" in sample:
+        sample["position_ids"] = position_ids(sample["doc_lens"], sample["seq_len"])
+    return sample
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
