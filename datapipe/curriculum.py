@@ -14,7 +14,7 @@ A recipe's `curriculum:` lists stages in training order (K3: 8K..64K in pre-trai
   4. within a source, copies are taken in a seeded random order until its target.
 A document may appear in several stages (and several times in one when upsampled);
 the run's accounting counts it once: written if any stage used it, else rejected
-with the strongest reason a stage left it out (Usage).
+with the reason of the stage that came closest to using it (Usage).
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ from datapipe.packing import PackPlan, SpecialIds, make_sample, media_safe_prefi
 from datapipe.schema import PackedSample
 from datapipe.spill import Corpus
 
-# A stage's outcome per document; when no stage used a document, the largest code is its reject reason.
-USED, OVER_BUDGET, NOT_IN_MIXTURE, MEDIA_TOO_LONG, TOO_LONG = range(5)
+# A stage's outcome per document, from used to farthest from use. When no stage used a document, its
+# reject reason is the outcome of the stage that came closest: "over budget" says more budget would use it.
+USED, OVER_BUDGET, TOO_LONG, MEDIA_TOO_LONG, NOT_IN_MIXTURE = range(5)
 MISS_REASONS = {OVER_BUDGET: "pack.over_budget", NOT_IN_MIXTURE: "pack.not_in_mixture",
                 MEDIA_TOO_LONG: "pack.media_span_too_long", TOO_LONG: "pack.too_long"}
 SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}  # token budgets count like money: 20B = 2e10
@@ -100,7 +101,7 @@ class Selection:
     outcome: np.ndarray  # int8 per corpus row: USED or why this stage left it out
     weights: np.ndarray  # float per corpus source: its share of the budget
     budget: float  # the stage's target tokens after the mixture's limits
-    limited_by: str  # "" or the source whose supply capped the budget
+    limited_by: str  # "" or the source whose supply capped the budget ("corpus" for natural proportions)
 
 
 def select_stage(stage: CurriculumStage, corpus: Corpus, seed: int) -> Selection:
@@ -113,9 +114,8 @@ def select_stage(stage: CurriculumStage, corpus: Corpus, seed: int) -> Selection
     picked = [pick_copies(np.flatnonzero((corpus.source == s) & (copies > 0)), taken, copies, budget * w, rng)
               for s, w in enumerate(weights) if w > 0]
     docs = rng.permutation(np.concatenate([np.zeros(0, np.int64), *picked]))
-    eligible = outcome == USED
-    outcome[eligible & (weights[corpus.source] == 0)] = NOT_IN_MIXTURE
-    outcome[eligible & (weights[corpus.source] > 0)] = OVER_BUDGET
+    outcome[outcome == USED] = OVER_BUDGET  # eligible, until picked below
+    outcome[weights[corpus.source] == 0] = NOT_IN_MIXTURE  # never a candidate, whatever its length
     outcome[docs] = USED
     return Selection(docs, taken[docs], outcome, weights, budget, limited_by)
 
@@ -167,9 +167,11 @@ def stage_budget(stage: CurriculumStage, corpus: Corpus, supply: np.ndarray, wei
         return 0.0, ""
     allowed = supply[active] / weights[active]
     scarcest = int(np.argmin(allowed))
-    if allowed[scarcest] < requested:
-        return float(allowed[scarcest]), corpus.source_names[active[scarcest]]
-    return requested, ""
+    if allowed[scarcest] >= requested:
+        return requested, ""
+    if not stage.mixture:  # natural proportions: every source runs out at once
+        return float(allowed[scarcest]), "corpus" if np.isfinite(requested) else ""
+    return float(allowed[scarcest]), corpus.source_names[active[scarcest]]
 
 
 def requested_tokens(stage: CurriculumStage, corpus_tokens: int) -> float:
@@ -203,20 +205,20 @@ def pack_stage(stage: CurriculumStage, corpus: Corpus, seed: int, ids: SpecialId
 
 
 class Usage:
-    """Per corpus document, across stages: copies packed, and the strongest reason a stage left it out."""
+    """Per corpus document, across stages: copies packed, and the closest a stage came to using it."""
 
     def __init__(self, num_docs: int):
         self.uses = np.zeros(num_docs, dtype=np.int64)
-        self.miss = np.zeros(num_docs, dtype=np.int8)
+        self.miss = np.full(num_docs, NOT_IN_MIXTURE, dtype=np.int8)
 
     def record(self, selection: Selection) -> None:
         self.uses += np.bincount(selection.docs, minlength=len(self.uses))
-        self.miss = np.maximum(self.miss, selection.outcome)
+        self.miss = np.minimum(self.miss, np.where(selection.outcome == USED, NOT_IN_MIXTURE, selection.outcome))
 
     def unused(self) -> Iterator[tuple[int, str]]:
         """(row, reject reason) of every document that no stage packed."""
         for row in np.flatnonzero(self.uses == 0).tolist():
-            yield row, MISS_REASONS.get(int(self.miss[row]), "pack.no_stage")
+            yield row, MISS_REASONS[int(self.miss[row])]
 
 
 def stage_stats(stage: CurriculumStage, corpus: Corpus, selection: Selection, plan: PackPlan,

@@ -3,16 +3,14 @@ import hashlib
 import numpy as np
 import pytest
 
-from datapipe.packing import Packer
+from datapipe.curriculum import CurriculumStage, pack_stage
 from datapipe.shards import ShardWriter, read_manifest, read_shards
 from datapipe.stream import stream
-from tests.test_packing import make_docs
+from tests.test_packing import IDS, make_corpus
 
 
 def write_run(folder, n_docs=300, per_shard=7):
-    packer = Packer("main", 128, 100, pad_id=2)
-    samples = [s for doc_id, tokens in make_docs(5, n_docs) for s in packer.add(doc_id, tokens)]
-    samples += list(packer.flush())
+    samples = list(pack_stage(CurriculumStage(seq_len=128), make_corpus(5, n_docs), 0, IDS)[2])
     with ShardWriter(folder, per_shard, {"stage": "main", "seq_len": 128}) as writer:
         for sample in samples:
             writer.write(sample)
