@@ -21,8 +21,9 @@ from __future__ import annotations
 import re
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -63,7 +64,8 @@ class CurriculumStage(BaseModel):
     @field_validator("tokens", mode="before")
     @classmethod
     def _parse_budget(cls, value: Any) -> Any:
-        if isinstance(value, str) and (match := re.fullmatch(r"\s*([\d.]+(?:e\d+)?)\s*([KMBGT]?)\s*", value, re.I)):
+        match = re.fullmatch(r"\s*([\d.]+(?:e\d+)?)\s*([KMBGT]?)\s*", value, re.I) if isinstance(value, str) else None
+        if match:
             return int(float(match[1]) * SUFFIXES.get(match[2].upper(), 1))
         return int(value) if isinstance(value, float) and value.is_integer() else value
 
@@ -75,7 +77,7 @@ class CurriculumStage(BaseModel):
         return mixture
 
     @model_validator(mode="after")
-    def _one_budget(self) -> "CurriculumStage":
+    def _one_budget(self) -> CurriculumStage:
         if self.tokens is not None and self.fraction is not None:
             raise ValueError("give `tokens` or `fraction` as the stage budget, not both")
         return self

@@ -10,8 +10,18 @@ from pydantic import ValidationError
 
 from datapipe import cli
 from datapipe.config import RecipeError, load_recipe
-from datapipe.curriculum import (MEDIA_TOO_LONG, NOT_IN_MIXTURE, OVER_BUDGET, TOO_LONG, USED, CurriculumStage, Usage,
-                                 pack_stage, select_stage, source_stats)
+from datapipe.curriculum import (
+    MEDIA_TOO_LONG,
+    NOT_IN_MIXTURE,
+    OVER_BUDGET,
+    TOO_LONG,
+    USED,
+    CurriculumStage,
+    Usage,
+    pack_stage,
+    select_stage,
+    source_stats,
+)
 from datapipe.schema import new_document
 from datapipe.shards import read_shards
 from datapipe.spill import corpus_from_documents

@@ -8,8 +8,15 @@ import pytest
 from PIL import Image
 
 from datapipe.curriculum import CurriculumStage, pack_stage
-from datapipe.packing import (SpecialIds, best_fit_decreasing, media_safe_cuts, media_safe_prefix, plan_packing,
-                              position_ids, split_pieces)
+from datapipe.packing import (
+    SpecialIds,
+    best_fit_decreasing,
+    media_safe_cuts,
+    media_safe_prefix,
+    plan_packing,
+    position_ids,
+    split_pieces,
+)
 from datapipe.schema import new_document
 from datapipe.shards import ShardWriter, read_shards
 from datapipe.spill import SpillWriter, corpus_from_documents, open_spill
@@ -57,7 +64,7 @@ def make_corpus(seed: int, n: int, **kwargs):
 
 def pack(docs, seq_len=SEQ_LEN, seed=0, **stage):
     corpus = corpus_from_documents(docs, IDS)
-    selection, plan, samples = pack_stage(CurriculumStage(seq_len=seq_len, **stage), corpus, seed, IDS)
+    selection, _, samples = pack_stage(CurriculumStage(seq_len=seq_len, **stage), corpus, seed, IDS)
     return list(samples), selection, corpus
 
 
@@ -209,6 +216,17 @@ def test_cuts_move_back_to_the_start_of_a_media_span():
     assert media_safe_prefix(80, 100, spans) == 80
     with pytest.raises(ValueError, match="does not fit"):
         media_safe_cuts(300, 20, spans)
+
+
+def test_a_long_document_is_cut_before_a_span_that_crosses_seq_len():
+    doc = new_document("web", "crossing", "x")
+    doc["tokens"] = np.array([FIRST_PLAIN] * 100 + media_span(40) + [FIRST_PLAIN + 1] * 100, dtype=np.uint32)
+    doc["media"] = [png(3)]
+    samples = pack([doc, *make_docs(13, 40, media_every=0)])[0]
+    pieces = sorted(pieces_by_doc(samples)["web/crossing"], key=lambda piece: piece[0])
+    assert [(offset, len(tokens)) for offset, tokens in pieces] == [(0, 100), (100, 128), (228, 12)]
+    holder = next(s for s in samples if s["images"])
+    assert holder["images"] == [png(3)] and len(holder["media_spans"]) == 1
 
 
 def test_position_ids_restart_per_piece_and_padding():
