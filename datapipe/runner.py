@@ -69,11 +69,12 @@ def special_ids(recipe: Recipe) -> SpecialIds:
 def spill_documents(dataset, spill: SpillWriter, stats: RunStats, rejects, task, progress) -> Corpus:
     """Consume the plan in order: rejects to the rejects file, live documents to the spill."""
     for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-        for doc in docs_from_table(table):
+        docs = docs_from_table(table)
+        live = [doc for doc in docs if not doc["reject"]]
+        for doc, reason in zip(live, spill.add_batch(live)):
+            doc["reject"] = reason  # "" when spilled, else why it cannot be packed (media that do not match)
+        for doc in docs:
             stats.count(doc)
-            if not doc["reject"] and (reason := spill.add(doc)):
-                stats.reject_late(doc["source"], reason, len(doc["tokens"]))
-                doc["reject"] = reason
             if doc["reject"]:
                 rejects.write(reject_line(doc) + "\n")
         update_progress(progress, task, stats)

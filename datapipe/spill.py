@@ -22,6 +22,7 @@ from datapipe.packing import SpecialIds
 from datapipe.schema import Document
 
 TEXT_HEAD = 200  # characters of text kept per document, for the rejects file of documents no stage used
+NO_SPANS = np.zeros((0, 2), dtype=np.int64)
 
 
 @dataclass
@@ -87,6 +88,7 @@ class SpillWriter:
 
     def __init__(self, folder: Path | None, ids: SpecialIds, source_names: list[str] = ()):
         self.folder, self.ids = folder, ids
+        self.media_ids = np.array([ids.media_begin, ids.media_end], dtype=np.uint32)
         self.source_codes = {name: code for code, name in enumerate(dict.fromkeys(source_names))}
         self.rows: dict[str, list] = {k: [] for k in ("id", "source", "source_code", "source_id", "kind", "text_head",
                                                        "num_tokens", "media_spans", "media_offsets")}
@@ -100,30 +102,48 @@ class SpillWriter:
 
     def add(self, doc: Document) -> str:
         """Spill one live document; return "" or the reason it cannot be packed."""
-        tokens = np.asarray(doc["tokens"], dtype=np.uint32)
-        spans = media_spans_of(tokens, len(doc["media"]), self.ids)
-        if isinstance(spans, str):
-            return spans
-        if len(tokens) == 0:
-            return "pack.no_tokens"
-        offsets = np.cumsum([0, *map(len, doc["media"])]) + self.media_size
+        return self.add_batch([doc])[0]
+
+    def add_batch(self, docs: list[Document]) -> list[str]:
+        """Spill live documents; return, per document, "" or the reason it cannot be packed.
+
+        Batched because the driver spills every document of the run: one write and one scan
+        for media tokens per batch, not per document (~40x fewer numpy calls at ~1K tokens each).
+        """
+        tokens = [np.asarray(doc["tokens"], dtype=np.uint32) for doc in docs]
+        flat = np.concatenate(tokens) if tokens else np.zeros(0, np.uint32)
+        ends = np.cumsum([len(t) for t in tokens])
+        has_media = np.bincount(np.searchsorted(ends, np.flatnonzero(np.isin(flat, self.media_ids)), side="right"),
+                                minlength=len(docs)) > 0
+        reasons, kept = [], []
+        for doc, doc_tokens, media in zip(docs, tokens, has_media.tolist()):
+            spans = media_spans_of(doc_tokens, len(doc["media"]), self.ids) if media or doc["media"] else NO_SPANS
+            reason = spans if isinstance(spans, str) else "" if len(doc_tokens) else "pack.no_tokens"
+            reasons.append(reason)
+            if not reason:
+                self.index_row(doc, len(doc_tokens), spans)
+                kept.append(doc_tokens)
+        self.write(kept, [image for doc, reason in zip(docs, reasons) if not reason for image in doc["media"]])
+        return reasons
+
+    def index_row(self, doc: Document, num_tokens: int, spans: np.ndarray) -> None:
         for key in ("id", "source", "source_id", "kind"):
             self.rows[key].append(doc[key])
         self.rows["source_code"].append(self.source_codes.setdefault(doc["source"], len(self.source_codes)))
         self.rows["text_head"].append(doc["text"][:TEXT_HEAD])
-        self.rows["num_tokens"].append(len(tokens))
+        self.rows["num_tokens"].append(num_tokens)
         self.rows["media_spans"].append(spans.ravel().tolist())
-        self.rows["media_offsets"].append(offsets.tolist() if len(spans) else [])
-        self.write(tokens, doc["media"])
-        return ""
+        self.rows["media_offsets"].append((np.cumsum([0, *map(len, doc["media"])]) + self.media_size).tolist()
+                                          if len(spans) else [])
+        self.media_size += sum(map(len, doc["media"]))
 
-    def write(self, tokens: np.ndarray, images: list[bytes]) -> None:
-        self.media_size += sum(map(len, images))
+    def write(self, tokens: list[np.ndarray], images: list[bytes]) -> None:
         if self.folder is None:
-            self.token_chunks.append(tokens)
+            self.token_chunks.extend(tokens)
             self.media_chunks.extend(images)
             return
-        tokens.tofile(self.token_file)
+        if tokens:
+            np.concatenate(tokens).tofile(self.token_file)
         for image in images:
             self.media_file.write(image)
 

@@ -112,6 +112,13 @@ def test_a_scarce_source_caps_the_budget_so_the_mixture_holds():
     assert got["web"] == web_supply and abs(got["books"] - web_supply) <= int(corpus.lengths.max())
 
 
+def test_a_mixture_source_with_no_documents_empties_the_stage_and_says_why():
+    corpus = corpus_from_documents(make_docs(10, 100, media_every=0), IDS, ["web", "empty"])
+    selection = select_stage(CurriculumStage(mixture={"web": 1, "empty": 1}), corpus, 0)
+    assert selection.limited_by == "empty" and selection.budget == 0 and len(selection.docs) == 0
+    assert (selection.outcome == OVER_BUDGET).all()
+
+
 def test_a_source_left_out_of_the_mixture_is_counted_as_such():
     corpus = two_sources()
     selection = select_stage(CurriculumStage(seq_len=256, mixture={"web": 1}), corpus, 0)
