@@ -124,6 +124,7 @@ def summary(results: dict, mixes: dict) -> str:
               f"x_vs_first_fit={ours['docs_per_s'] / first_fit['docs_per_s']:.2f}",
               f"fill_first_fit_8k={100 * first_fit['fill']:.3f}",
               f"split_8k={ours['split']}", f"split_concat_chunk_8k={chunk['split']}",
+              f"x_fewer_splits_vs_concat_chunk_8k={chunk['split'] / max(ours['split'], 1):.2f}",
               f"x_fewer_splits_vs_concat_chunk_min={min_split_ratio(results, mixes):.2f}"]
     return "bench pack: " + " ".join(parts)
 

@@ -4,8 +4,8 @@ Sorting is a counting sort on length (O(n + capacity), stable). Open sequences a
 indexed by their remaining room (0..capacity) in a 64-ary bit tree: bit r of level 0
 says some open sequence has exactly r tokens of room, a bit of level k+1 says its
 64-bit word on level k is not zero. The tightest fit for an item is the first set
-bit at or after its length: at most two walks of log64(capacity) words (3 at 8K..256K,
-4 at 1M), each a mask and a count of trailing zeros. Each room value keeps a stack of
+bit at or after its length: at most two walks of log64(capacity) words (3 at 8K..64K,
+4 at 256K..1M), each a mask and a count of trailing zeros. Each room value keeps a stack of
 its sequences, so the result is the same as a sorted list of rooms, only faster.
 """
 from __future__ import annotations

@@ -23,12 +23,17 @@ def inspect_run(out_dir: Path, n_samples: int, console: Console) -> None:
     for folder in sorted(p.parent for p in out_dir.glob(f"*/{MANIFEST}")):
         console.print(stage_table(folder, stats.get("packing", {}).get(folder.name, {})))
         for sample in islice(stream(folder), n_samples):
-            first_len = int(sample["doc_lens"][0])
-            text = decode(sample["tokens"][:first_len].tolist()) if decode else "(no tokenizer to decode)"
-            console.print(f"[bold]{sample['key']}[/bold] docs={len(sample['doc_lens'])} pad={sample['num_pad']} "
-                          f"images={len(sample.get('images', []))} loss_tokens={int(sample.get('loss_mask', []).sum())} "
-                          f"first={sample['doc_ids'][0]}:\n{text[:400]!r}", highlight=False)
+            console.print(describe_sample(sample, decode), highlight=False)
     show_reject_examples(out_dir / "rejects" / "rejects.jsonl", console)
+
+
+def describe_sample(sample: dict, decode) -> str:
+    """A sample's key, pieces, padding, images and loss tokens, then its first document decoded."""
+    first_len = int(sample["doc_lens"][0])
+    text = decode(sample["tokens"][:first_len].tolist()) if decode else "(no tokenizer to decode)"
+    loss = int(sample["loss_mask"].sum()) if "loss_mask" in sample else "-"
+    return (f"[bold]{sample['key']}[/bold] docs={len(sample['doc_lens'])} pad={sample['num_pad']} "
+            f"images={len(sample.get('images', []))} loss_tokens={loss} first={sample['doc_ids'][0]}:\n{text[:400]!r}")
 
 
 def stage_table(folder: Path, packed: dict) -> Table:

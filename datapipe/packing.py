@@ -3,11 +3,11 @@
 Best-fit decreasing (BFD): pieces are sorted by length, longest first, and each goes
 into the open sequence with the least room that still fits it. Open sequences are
 indexed by their remaining room (0..seq_len) in a 64-ary bit tree, so finding the
-tightest fit takes a few word operations (3 levels at 8K..256K, 4 at 1M) whatever the
+tightest fit takes a few word operations (3 levels at 8K..64K, 4 at 256K..1M) whatever the
 number of open sequences; the loop is compiled with numba (bfd_kernel.py). Measured by bench/pack.py
-on 2 shared cores: 99.99% fill at 8K on a lognormal ~2K mix, 99.9% at 1M on a ~64K
-cooldown mix, about 3M documents/s at 8K, splitting only the documents that cannot
-fit (longer than seq_len) where concat-and-chunk splits one document per sequence.
+on 2 shared cores: 99.998% fill at 8K on a lognormal ~2K mix, 99.995% at 1M on a ~64K
+cooldown mix, 1.3M documents/s at 8K (4.5M per CPU-second), splitting only the documents
+that cannot fit (longer than seq_len) where concat-and-chunk splits one per sequence.
 
 Only a document longer than `seq_len` is split, into pieces of at most `seq_len`;
 a cut never falls inside a media span (`<|media_begin|> ... <|media_end|>`), it moves

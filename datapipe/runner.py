@@ -48,8 +48,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
     spill = SpillWriter(out / SPILL, ids, [source.name for source in recipe.sources])
     with open(out / "rejects" / "rejects.jsonl", "w") as rejects:
         with make_progress(console) as progress:
-            corpus = spill_documents(dataset, spill, stats, rejects, progress.add_task(recipe.name, total=None,
-                                     tokens=0, rps=0.0, tps=0.0), progress)
+            corpus = spill_documents(dataset, spill, stats, rejects, progress, recipe.name)
         usage = Usage(len(corpus.ids))
         for stage in recipe.curriculum:
             stats.packing[stage.name] = write_stage(stage, corpus, recipe, out, ids, usage, console)
@@ -66,8 +65,9 @@ def special_ids(recipe: Recipe) -> SpecialIds:
     return SpecialIds.from_tokenizer(tokenize.tokenizer)
 
 
-def spill_documents(dataset, spill: SpillWriter, stats: RunStats, rejects, task, progress) -> Corpus:
+def spill_documents(dataset, spill: SpillWriter, stats: RunStats, rejects, progress, name: str) -> Corpus:
     """Consume the plan in order: rejects to the rejects file, live documents to the spill."""
+    task = progress.add_task(name, total=None, tokens=0, rps=0.0, tps=0.0)
     for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
         docs = docs_from_table(table)
         live = [doc for doc in docs if not doc["reject"]]
