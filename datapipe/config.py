@@ -105,6 +105,7 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     if "pack" in raw:
         raise RecipeError(f"{path}: pack: replaced by a list of curriculum stages; write "
                           "`curriculum: [{name: main, seq_len: 2048}]` (see README, Curriculum)")
+    raw.setdefault("curriculum", [{"name": "main"}])  # the default stage, spelled out so --set can reach it
     for override in overrides:
         apply_override(raw, override, path)
     raw["base_dir"] = str(path.resolve().parent)

@@ -37,6 +37,7 @@ from datapipe.spill import Corpus
 USED, OVER_BUDGET, TOO_LONG, MEDIA_TOO_LONG, NOT_IN_MIXTURE = range(5)
 MISS_REASONS = {OVER_BUDGET: "pack.over_budget", NOT_IN_MIXTURE: "pack.not_in_mixture",
                 MEDIA_TOO_LONG: "pack.media_span_too_long", TOO_LONG: "pack.too_long"}
+RESERVED_NAMES = {"spill", "rejects"}  # folders of out/<run>/ that are not stages
 SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}  # token budgets count like money: 20B = 2e10
 
 
@@ -88,6 +89,8 @@ def curriculum_problems(stages: list[CurriculumStage], source_names: list[str]) 
     problems, names = [], [stage.name for stage in stages]
     for name in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"curriculum: stage name {name!r} is repeated; each stage needs its own name (and folder)")
+    for name in sorted(set(names) & RESERVED_NAMES):
+        problems.append(f"curriculum: stage name {name!r} is a folder the run uses; pick another name")
     for i, stage in enumerate(stages):
         for source in sorted(set(stage.mixture) - set(source_names)):
             problems.append(f"curriculum[{i}].mixture: unknown source {source!r}; sources: {', '.join(source_names)}")

@@ -66,6 +66,8 @@ def write_recipe(tmp_path, curriculum=None, **extra) -> Path:
 def test_recipe_errors_name_the_stage_and_the_fix(tmp_path):
     with pytest.raises(RecipeError, match=r"curriculum\[1\]\.mixture: unknown source 'code'; sources: web"):
         load_recipe(write_recipe(tmp_path, [{"name": "a"}, {"name": "b", "mixture": {"code": 1}}]))
+    with pytest.raises(RecipeError, match="stage name 'rejects' is a folder the run uses"):
+        load_recipe(write_recipe(tmp_path, [{"name": "rejects"}]))
     with pytest.raises(RecipeError, match="stage name 'a' is repeated"):
         load_recipe(write_recipe(tmp_path, [{"name": "a"}, {"name": "a", "seq_len": 4096}]))
     with pytest.raises(RecipeError, match=r"curriculum\[0\]\.long_docs.*'split', 'truncate' or 'drop'"):
@@ -74,9 +76,10 @@ def test_recipe_errors_name_the_stage_and_the_fix(tmp_path):
         load_recipe(write_recipe(tmp_path, pack={"seq_len": 4096}))
 
 
-def test_a_recipe_without_curriculum_gets_one_default_stage(tmp_path):
+def test_a_recipe_without_curriculum_gets_one_default_stage_that_set_can_change(tmp_path):
     assert [(s.name, s.seq_len, s.long_docs) for s in load_recipe(write_recipe(tmp_path)).curriculum] == [
         ("main", 2048, "split")]
+    assert load_recipe(write_recipe(tmp_path), ["curriculum.main.seq_len=4096"]).curriculum[0].seq_len == 4096
 
 
 def test_k3_recipe_has_the_seven_context_stages():
