@@ -1,6 +1,6 @@
 """Loader throughput: datapipe.stream against `cat`, webdataset and MosaicML streaming, on the same samples.
 
-    .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 4096] [--repeats 3]
+    .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 4096] [--per-shard 256] [--repeats 5]
 
 Writes packed samples (lognormal document lengths, as the packer makes them) with our
 ShardWriter, converts the same samples to MDS for MosaicML streaming, warms the page
@@ -27,22 +27,29 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datapipe.packing import Packer
 from datapipe.shards import ShardWriter, read_manifest, read_shards
 from datapipe.stream import stream
 
 BATCH = 8
 
 
-def make_samples(seq_len: int, n_samples: int, seed: int = 0):
-    """Packed samples from random documents of lognormal length (median ~1.1K tokens)."""
-    rng = np.random.default_rng(seed)
-    packer, samples, index = Packer("main", seq_len, 256, pad_id=2), [], 0
-    while len(samples) < n_samples:
-        length = int(np.clip(rng.lognormal(7.0, 1.2), 16, 4 * seq_len))
-        samples += packer.add(f"doc{index}", rng.integers(3, 160_000, size=length, dtype=np.uint32))
-        index += 1
-    return (samples + list(packer.flush()))[:n_samples]
+def make_samples(seq_len: int, n_samples: int, seed: int = 0) -> list[dict]:
+    """Packed samples as the curriculum packer writes them: pieces of lognormal documents (median
+    ~1.1K tokens) filling each sequence, a little padding, a loss mask; random token ids."""
+    rng, samples = np.random.default_rng(seed), []
+    for index in range(n_samples):
+        num_pad = int(rng.integers(0, 64))
+        lengths = np.clip(rng.lognormal(7.0, 1.2, size=seq_len // 16 + 1).astype(np.int64), 16, None)
+        lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), seq_len - num_pad)) + 1]
+        lengths[-1] -= lengths.sum() - (seq_len - num_pad)
+        tokens = rng.integers(3, 160_000, size=seq_len, dtype=np.uint32)
+        tokens[seq_len - num_pad :] = 2
+        mask = np.ones(seq_len, dtype=np.uint8)
+        mask[seq_len - num_pad :] = 0
+        samples.append({"key": f"main-{index:09d}", "tokens": tokens, "doc_lens": lengths.astype(np.int32),
+                        "loss_mask": mask, "doc_ids": [f"web/doc{index}-{i}" for i in range(len(lengths))],
+                        "doc_offsets": [0] * len(lengths), "seq_len": seq_len, "num_pad": num_pad, "media_spans": []})
+    return samples
 
 
 def write_ours(folder: Path, samples, per_shard: int) -> None:
@@ -62,11 +69,13 @@ def import_streaming():
 
 def write_mds(folder: Path, stage: Path, seq_len: int, per_shard_bytes: int) -> None:
     streaming = import_streaming()
-    columns = {"tokens": f"ndarray:uint32:{seq_len}", "doc_lens": "ndarray:int32", "json": "json"}
+    columns = {"tokens": f"ndarray:uint32:{seq_len}", "doc_lens": "ndarray:int32",
+               "loss_mask": f"ndarray:uint8:{seq_len}", "json": "json"}
+    fields = ("doc_ids", "doc_offsets", "seq_len", "num_pad", "media_spans")
     with streaming.MDSWriter(out=str(folder), columns=columns, size_limit=per_shard_bytes) as writer:
         for s in read_shards(stage):
-            writer.write({"tokens": s["tokens"], "doc_lens": s["doc_lens"],
-                          "json": {"doc_ids": s["doc_ids"], "seq_len": s["seq_len"], "num_pad": s["num_pad"]}})
+            writer.write({"tokens": s["tokens"], "doc_lens": s["doc_lens"], "loss_mask": s["loss_mask"],
+                          "json": {k: s[k] for k in fields}})
 
 
 def consume(samples, key: str, seq_len: int) -> int:

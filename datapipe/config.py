@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
 
 from datapipe import registry
+from datapipe.curriculum import CurriculumStage, curriculum_problems
 
 
 class RecipeError(ValueError):
@@ -54,12 +55,6 @@ class StageConfig(Strict):
     num_cpus: float | None = Field(None, gt=0)  # CPUs each task or actor reserves; None = Ray's default (1)
 
 
-class PackConfig(Strict):
-    name: str = "main"  # the curriculum stage name; shards go to out/<run>/<name>/
-    seq_len: int = Field(2048, ge=16)  # tokens per training sequence
-    window: int = Field(4096, ge=1)  # documents gathered before best-fit packing; larger fills better
-
-
 class ShardConfig(Strict):
     samples_per_shard: int = Field(1024, ge=1)  # a shard of 1024 x 8K uint32 tokens is 32 MiB
     max_bytes: int | None = Field(None, ge=1)  # also close a shard once it holds this many bytes; None: samples only
@@ -77,7 +72,7 @@ class Recipe(Strict):
     seed: int = 0  # every random choice (generators, shuffles) derives from it
     sources: list[SourceConfig] = Field(min_length=1)
     stages: list[SerializeAsAny[StageConfig]] = []  # each validated against its stage's own Config
-    pack: PackConfig = PackConfig()
+    curriculum: list[CurriculumStage] = Field([CurriculumStage()], min_length=1)  # packing stages, in training order
     shards: ShardConfig = ShardConfig()
     ray: RayConfig = RayConfig()
     base_dir: Path = Path(".")  # the recipe's folder; set by load_recipe, not by the YAML
@@ -108,6 +103,10 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
         raise RecipeError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe is a YAML mapping with at least `name` and `sources`")
+    if "pack" in raw:
+        raise RecipeError(f"{path}: pack: replaced by a list of curriculum stages; write "
+                          "`curriculum: [{name: main, seq_len: 2048}]` (see README, Curriculum)")
+    raw.setdefault("curriculum", [{"name": "main"}])  # the default stage, spelled out so --set can reach it
     for override in overrides:
         apply_override(raw, override, path)
     raw["base_dir"] = str(path.resolve().parent)
@@ -126,6 +125,9 @@ def validate_recipe(raw: dict[str, Any], path: Path | str = "<recipe>") -> Recip
     if "tokenize" not in [stage.stage for stage in stages]:
         raise RecipeError(f"{path}: stages: a recipe that writes shards needs a `- stage: tokenize` entry")
     stages = [resolve_paths(stage, recipe.base_dir) for stage in stages]
+    problems = curriculum_problems(recipe.curriculum, [source.name for source in recipe.sources])
+    if problems:
+        raise RecipeError("\n  ".join([f"{path}: invalid recipe", *problems]))
     return recipe.model_copy(update={"stages": stages})
 
 
@@ -190,7 +192,7 @@ def apply_override(raw: dict[str, Any], override: str, path: Path | str) -> None
     """`a.b=value` (value parsed as YAML); list items by index or, for stages, by stage name."""
     key, sep, value = override.partition("=")
     if not sep or not key:
-        raise RecipeError(f"--set {override!r}: expected KEY=VALUE, for example --set pack.seq_len=4096")
+        raise RecipeError(f"--set {override!r}: expected KEY=VALUE, for example --set curriculum.main.seq_len=4096")
     parts = key.split(".")
     node: Any = raw
     for depth, part in enumerate(parts[:-1]):

@@ -17,27 +17,37 @@ def inspect_run(out_dir: Path, n_samples: int, console: Console) -> None:
     stats_path = out_dir / "stats.json"
     if not stats_path.is_file():
         raise FileNotFoundError(f"{stats_path}: not a datapipe output folder (no stats.json); run `datapipe run` first")
-    console.print(summary_table(json.loads(stats_path.read_text()), f"run {out_dir}"))
+    stats = json.loads(stats_path.read_text())
+    console.print(summary_table(stats, f"run {out_dir}"))
     decode = load_decoder(out_dir)
     for folder in sorted(p.parent for p in out_dir.glob(f"*/{MANIFEST}")):
-        console.print(stage_table(folder))
+        console.print(stage_table(folder, stats.get("packing", {}).get(folder.name, {})))
         for sample in islice(stream(folder), n_samples):
-            first_len = int(sample["doc_lens"][0])
-            text = decode(sample["tokens"][:first_len].tolist()) if decode else "(no tokenizer to decode)"
-            console.print(f"[bold]{sample['key']}[/bold] docs={len(sample['doc_lens'])} pad={sample['num_pad']} "
-                          f"first={sample['doc_ids'][0]}:\n{text[:400]!r}", highlight=False)
+            console.print(describe_sample(sample, decode), highlight=False)
     show_reject_examples(out_dir / "rejects" / "rejects.jsonl", console)
 
 
-def stage_table(folder: Path) -> Table:
+def describe_sample(sample: dict, decode) -> str:
+    """A sample's key, pieces, padding, images and loss tokens, then its first document decoded."""
+    first_len = int(sample["doc_lens"][0])
+    text = decode(sample["tokens"][:first_len].tolist()) if decode else "(no tokenizer to decode)"
+    loss = int(sample["loss_mask"].sum()) if "loss_mask" in sample else "-"
+    return (f"[bold]{sample['key']}[/bold] docs={len(sample['doc_lens'])} pad={sample['num_pad']} "
+            f"images={len(sample.get('images', []))} loss_tokens={loss} first={sample['doc_ids'][0]}:\n{text[:400]!r}")
+
+
+def stage_table(folder: Path, packed: dict) -> Table:
+    """A stage's shards from its manifest, with the curriculum figures of stats.json beside them."""
     manifest = read_manifest(folder)
     table = Table(title=f"stage {manifest.get('stage', folder.name)} ({folder})")
-    for column in ("shards", "samples", "seq_len", "tokens", "fill"):
+    for column in ("shards", "samples", "seq_len", "tokens", "fill", "docs", "split", "truncated", "target"):
         table.add_column(column, justify="right")
     capacity = manifest["samples"] * manifest.get("seq_len", 0)
     fill = f"{manifest['tokens'] / capacity:.2%}" if capacity else "-"
+    extra = [f"{packed[k]:,}" if k in packed else "-" for k in ("docs", "split_docs", "truncated_docs")]
+    target = packed.get("budget", {}).get("target")
     table.add_row(str(len(manifest["shards"])), f"{manifest['samples']:,}", f"{manifest.get('seq_len', 0):,}",
-                  f"{manifest['tokens']:,}", fill)
+                  f"{manifest['tokens']:,}", fill, *extra, f"{target:,}" if target is not None else "-")
     return table
 
 

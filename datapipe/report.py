@@ -45,6 +45,13 @@ class RunStats:
             self.written[doc["source"]] += 1
             self.tokens += len(doc["tokens"])
 
+    def reject_late(self, source: str, reason: str, num_tokens: int) -> None:
+        """A document counted as written that packing could not use after all (too long, over budget)."""
+        self.written[source] -= 1
+        self.tokens -= num_tokens
+        self.rejected[reason] += 1
+        self.stage_rejected[reason.split(".", 1)[0]] += 1
+
     @property
     def balanced(self) -> bool:
         return self.records_in.total() + self.created.total() == self.written.total() + self.rejected.total()
@@ -105,8 +112,20 @@ def summary_table(stats: dict[str, Any], title: str) -> Table:
         table.add_row(f"  {reason}", f"{n:,}")
     table.add_row("tokens written", f"{stats['tokens']:,}")
     for stage, packed in stats["packing"].items():
-        table.add_row(f"stage {stage}", f"{packed['samples']:,} samples x {packed['seq_len']:,} in "
-                      f"{packed['shards']} shards, fill {packed['fill']:.2%}")
+        table.add_row(f"stage {stage}", stage_summary(packed))
+        for source, use in packed.get("sources", {}).items():
+            table.add_row(f"  {stage} {source}", f"{use['tokens']:,} tokens (target {use['target']:,})")
     table.add_row("accounting", "in + created = written + rejected" if stats["balanced"] else "[red]UNBALANCED")
     table.add_row("wall time", f"{stats['wall_s']:.1f} s")
     return table
+
+
+def stage_summary(packed: dict[str, Any]) -> str:
+    """One curriculum stage in a line: samples, fill, what happened to long documents, tokens against budget."""
+    line = (f"{packed['samples']:,} samples x {packed['seq_len']:,} in {packed['shards']} shards, "
+            f"fill {packed['fill']:.2%}, {packed.get('docs', 0):,} docs ({packed.get('split_docs', 0):,} split")
+    line += f", {packed['truncated_docs']:,} truncated" if packed.get("truncated_docs") else ""
+    line += f", {packed['upsampled_copies']:,} upsampled copies" if packed.get("upsampled_copies") else ""
+    budget = packed.get("budget", {})
+    limit = f", [yellow]limited by {budget['limited_by']}[/yellow]" if budget.get("limited_by") else ""
+    return line + f"), {packed['tokens']:,} tokens of {budget.get('target', packed['tokens']):,} target{limit}"

@@ -4,8 +4,9 @@ The plan reads top to bottom: one read operator per source (a Ray task per file 
 per generator range), their union, then each recipe stage as a `map_batches`
 operator (tasks for plain functions, an actor pool for stages that keep a warm
 resource). The driver consumes the stream in order: rejects go to the rejects file,
-live documents to the packer and the shard writer. Order is preserved, so the same
-recipe and seed give the same shards.
+live documents to a spill (out/<run>/spill/, written once). Then each curriculum
+stage selects and packs from the whole spill and writes its shards. Order is
+preserved, so the same recipe and seed give the same shards.
 """
 from __future__ import annotations
 
@@ -13,21 +14,26 @@ import json
 import logging
 import os
 import shutil
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rich.console import Console
+from rich.progress import track
 
 from datapipe import registry
 from datapipe.config import Recipe, RecipeError, RayConfig, SourceConfig, StageConfig
-from datapipe.packing import Packer
+from datapipe.curriculum import CurriculumStage, Usage, pack_stage, stage_stats
+from datapipe.packing import SpecialIds
 from datapipe.report import RunStats, make_progress, update_progress
 from datapipe.schema import Document, docs_from_table, docs_to_table, mark_transform
-from datapipe.shards import RUN_MANIFEST, ShardWriter, write_run_manifest
+from datapipe.shards import MANIFEST, RUN_MANIFEST, ShardWriter, write_run_manifest
+from datapipe.spill import Corpus, SpillWriter
 from datapipe.sources import read_work_item, work_items
 
 READ_BATCH = 1024  # documents per Arrow block out of a reader
+SPILL = "spill"  # out/<run>/spill/: the live tokenized documents, written once, read by every curriculum stage
 
 
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | None = None,
@@ -38,44 +44,77 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
     connect(recipe.ray, ray_address)
     dataset = build_plan(recipe)
     stats = RunStats(recipe.name)
-    packer = Packer(recipe.pack.name, recipe.pack.seq_len, recipe.pack.window, pad_id(recipe))
-    info = {"recipe": recipe.name, "seed": recipe.seed, "stage": recipe.pack.name, "seq_len": recipe.pack.seq_len,
-            "recipe_config": recipe.model_dump(mode="json", exclude={"base_dir"})}
-    with ShardWriter(out / recipe.pack.name, recipe.shards.samples_per_shard, info, recipe.shards.max_bytes) as shards, \
-            open(out / "rejects" / "rejects.jsonl", "w") as rejects, make_progress(console) as progress:
-        task = progress.add_task(recipe.name, total=None, tokens=0, rps=0.0, tps=0.0)
-        for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-            for doc in docs_from_table(table):
-                stats.count(doc)
-                if doc["reject"]:
-                    rejects.write(reject_line(doc) + "\n")
-                else:
-                    for sample in packer.add(doc["id"], doc["tokens"]):
-                        shards.write(sample)
-            update_progress(progress, task, stats)
-        for sample in packer.flush():
-            shards.write(sample)
-        manifest = shards.close()
-    stats.packing[recipe.pack.name] = packing_stats(manifest, packer)
+    ids = special_ids(recipe)
+    spill = SpillWriter(out / SPILL, ids, [source.name for source in recipe.sources])
+    with open(out / "rejects" / "rejects.jsonl", "w") as rejects:
+        with make_progress(console) as progress:
+            corpus = spill_documents(dataset, spill, stats, rejects, progress, recipe.name)
+        usage = Usage(len(corpus.ids))
+        for stage in recipe.curriculum:
+            stats.packing[stage.name] = write_stage(stage, corpus, recipe, out, ids, usage, console)
+        reject_unused(corpus, usage, stats, rejects)
+    del corpus  # its memory maps close before the spill goes
+    shutil.rmtree(out / SPILL)
     stats.finish()
     stats.save(out / "stats.json")
-    write_run_manifest(out, [{"name": recipe.pack.name}], {"recipe": recipe.name, "seed": recipe.seed})  # last: done
+    write_run_manifest(out, [{"name": stage.name} for stage in recipe.curriculum],  # last: the run is done
+                       {"recipe": recipe.name, "seed": recipe.seed})
     return stats.to_dict()
 
 
-def pad_id(recipe: Recipe) -> int:
-    from tokenizer.bpe import special_token_ids
-
+def special_ids(recipe: Recipe) -> SpecialIds:
     tokenize = next(stage for stage in recipe.stages if stage.stage == "tokenize")
-    return special_token_ids(tokenize.tokenizer)["<|pad|>"]
+    return SpecialIds.from_tokenizer(tokenize.tokenizer)
+
+
+def spill_documents(dataset, spill: SpillWriter, stats: RunStats, rejects, progress, name: str) -> Corpus:
+    """Consume the plan in order: rejects to the rejects file, live documents to the spill."""
+    task = progress.add_task(name, total=None, tokens=0, rps=0.0, tps=0.0)
+    for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+        docs = docs_from_table(table)
+        live = [doc for doc in docs if not doc["reject"]]
+        for doc, reason in zip(live, spill.add_batch(live)):
+            doc["reject"] = reason  # "" when spilled, else why it cannot be packed (media that do not match)
+        for doc in docs:
+            stats.count(doc)
+            if doc["reject"]:
+                rejects.write(reject_line(doc) + "\n")
+        update_progress(progress, task, stats)
+    return spill.finish()
+
+
+def write_stage(stage: CurriculumStage, corpus: Corpus, recipe: Recipe, out: Path, ids: SpecialIds, usage: Usage,
+                console: Console) -> dict[str, Any]:
+    """Pack one curriculum stage over the whole corpus and write its shards; return its stats."""
+    started = time.monotonic()
+    selection, plan, samples = pack_stage(stage, corpus, recipe.seed, ids)
+    info = {"recipe": recipe.name, "seed": recipe.seed, "stage": stage.name, "seq_len": stage.seq_len,
+            "recipe_config": recipe.model_dump(mode="json", exclude={"base_dir"})}
+    with ShardWriter(out / stage.name, recipe.shards.samples_per_shard, info, recipe.shards.max_bytes) as shards:
+        for sample in track(samples, f"stage {stage.name}", total=plan.num_sequences, console=console, transient=True):
+            shards.write(sample)
+        manifest = shards.close()
+    usage.record(selection)
+    return stage_stats(stage, corpus, selection, plan, manifest, started)
+
+
+def reject_unused(corpus: Corpus, usage: Usage, stats: RunStats, rejects) -> None:
+    """Documents that no stage packed (over budget, too long, outside every mixture) become rejects."""
+    for row, reason in usage.unused():
+        record = corpus.describe(row)
+        stats.reject_late(record["source"], reason, int(corpus.lengths[row]))
+        rejects.write(json.dumps({**record, "reject": reason, "meta": {"num_tokens": int(corpus.lengths[row])}},
+                                 ensure_ascii=False) + "\n")
+    stats.stage_passed["pack"] = int((usage.uses > 0).sum())
 
 
 def prepare_out_dir(out: Path, recipe: Recipe) -> Path:
     """Refuse a non-empty folder that datapipe did not write; clear our own previous run."""
     if out.exists() and any(out.iterdir()) and not (out / "stats.json").exists() and not (out / "recipe.json").exists():
         raise RecipeError(f"{out} is not empty and was not written by datapipe; pass a new or empty --out")
-    for stale in (out / recipe.pack.name, out / "rejects"):
-        shutil.rmtree(stale, ignore_errors=True)
+    stale = [manifest.parent for manifest in out.glob(f"*/{MANIFEST}")]
+    for folder in [*stale, *(out / stage.name for stage in recipe.curriculum), out / "rejects", out / SPILL]:
+        shutil.rmtree(folder, ignore_errors=True)
     (out / "stats.json").unlink(missing_ok=True)
     (out / RUN_MANIFEST).unlink(missing_ok=True)  # written last; its absence marks an unfinished run
     (out / "rejects").mkdir(parents=True)
@@ -210,15 +249,3 @@ def check_accounted(name: str, alive: list[Document], out: list[Document]) -> No
 def reject_line(doc: Document) -> str:
     keep = {k: doc[k] for k in ("id", "source", "source_id", "kind", "reject")}
     return json.dumps({**keep, "text": doc["text"][:2000], "meta": doc["meta"]}, ensure_ascii=False)
-
-
-def packing_stats(manifest: dict[str, Any], packer: Packer) -> dict[str, Any]:
-    capacity = manifest["samples"] * packer.seq_len
-    return {
-        "seq_len": packer.seq_len,
-        "samples": manifest["samples"],
-        "shards": len(manifest["shards"]),
-        "tokens": manifest["tokens"],
-        "fill": manifest["tokens"] / capacity if capacity else 0.0,
-        "split_docs": packer.split_docs,
-    }

@@ -1,7 +1,9 @@
 """WebDataset tar shards and their manifest.
 
-A sample is three tar members sharing a key: `<key>.tokens.npy` (uint32, seq_len),
-`<key>.doc_lens.npy` (int32) and `<key>.json` (doc_ids, seq_len, num_pad). Members
+A sample is tar members sharing a key: `<key>.tokens.npy` (uint32, seq_len),
+`<key>.doc_lens.npy` (int32), `<key>.loss_mask.npy` (uint8, seq_len), `<key>.json`
+(doc_ids, doc_offsets, seq_len, num_pad, media_spans) and one `<key>.<i>.png` per media span, in
+span order. Position ids are not stored: read_shard derives them from doc_lens. Members
 carry fixed mtime, owner and mode, so the same samples give byte-identical shards.
 A shard closes at `samples_per_shard` samples or, when set, once it holds `max_bytes`
 (a target: the sample that crosses it stays, so no sample is ever split). It is written
@@ -53,8 +55,14 @@ class ShardWriter:
             self.open_shard()
         add_member(self.tar, f"{sample['key']}.tokens.npy", npy_bytes(sample["tokens"]))
         add_member(self.tar, f"{sample['key']}.doc_lens.npy", npy_bytes(sample["doc_lens"]))
-        fields = {"doc_ids": sample["doc_ids"], "seq_len": sample["seq_len"], "num_pad": sample["num_pad"]}
+        if "loss_mask" in sample:
+            add_member(self.tar, f"{sample['key']}.loss_mask.npy", npy_bytes(sample["loss_mask"]))
+        fields = {"doc_ids": sample["doc_ids"], "seq_len": sample["seq_len"], "num_pad": sample["num_pad"],
+                  "doc_offsets": sample.get("doc_offsets", [0] * len(sample["doc_ids"])),
+                  "media_spans": sample.get("media_spans", [])}
         add_member(self.tar, f"{sample['key']}.json", json.dumps(fields, sort_keys=True).encode())
+        for i, image in enumerate(sample.get("images", [])):
+            add_member(self.tar, f"{sample['key']}.{i}.png", image)
         self.current["samples"] += 1
         self.current["tokens"] += sample["seq_len"] - sample["num_pad"]
         if self.current["samples"] >= self.samples_per_shard or self.tar.offset >= (self.max_bytes or 1 << 62):
@@ -125,13 +133,26 @@ def read_shard(path: Path | str) -> Iterator[PackedSample]:
     """The samples of one shard, in write order (arrays are views of one buffer holding the shard)."""
     from datapipe.fetch import read_local
 
-    yield from iter_samples(read_local(Path(path)), str(path))
+    for sample in iter_samples(read_local(Path(path)), str(path)):
+        yield finish_sample(sample)
 
 
 def read_shards(folder: Path | str) -> Iterator[PackedSample]:
     """Every sample of a stage folder, in manifest order."""
     for shard in read_manifest(folder)["shards"]:
         yield from read_shard(Path(folder) / shard["name"])
+
+
+def finish_sample(sample: dict[str, Any]) -> PackedSample:
+    """The fields a shard does not store: an images list (empty for text), media_spans, and the
+    position ids that doc_lens imply. The decoder (datapipe.tarsamples) put images in span order."""
+    from datapipe.packing import position_ids
+
+    sample.setdefault("images", [])
+    sample.setdefault("media_spans", [])
+    if "doc_lens" in sample and "seq_len" in sample:
+        sample["position_ids"] = position_ids(sample["doc_lens"], sample["seq_len"])
+    return sample
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

@@ -30,6 +30,7 @@ from typing import Any
 from datapipe import fetch
 from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, window_order, windows
 from datapipe.schema import PackedSample
+from datapipe.shards import finish_sample
 from datapipe.tarsamples import ShardError, iter_samples
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Stream:
         for key, value in self.identity().items():
             if state.get(key) != value:
                 raise ValueError(f"cannot resume: the state was saved with {key}={state.get(key)!r}, this loader has "
-                                 f"{key}={value!r}; resume with the same data, seed, shuffle, buffer, ranks and workers")
+                                 f"{key}={value!r}; resume with the same data, seed, shuffle, buffer, ranks, workers")
         self.epoch, self.position = state["epoch"], state["position"]
 
     def identity(self) -> dict[str, Any]:
@@ -161,7 +162,7 @@ class Stream:
         try:
             for sample in iter_samples(future.result(), location, span.start, span.stop):
                 produced += 1
-                yield sample
+                yield finish_sample(sample)
             if produced < span.stop - span.start:
                 raise ShardError(f"{location}: has {span.start + produced} samples, the manifest says "
                                  f"{stage.shards[span.shard]['samples']}: replaced or damaged; rewrite it")

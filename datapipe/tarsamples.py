@@ -10,7 +10,7 @@ Members sharing a key (the file name up to its first dot, as in WebDataset) form
 sample. Decoding is generic, so new members need no change here:
 `.npy` -> an array named by the middle of the name (`k.loss_mask.npy` -> "loss_mask"),
 `.json` -> its fields merged into the sample, images (`k.0.png`, `k.1.png`) -> their
-bytes in index order under "media", anything else -> raw bytes under its suffix.
+bytes in index order under "images", anything else -> raw bytes under its suffix.
 """
 from __future__ import annotations
 
@@ -117,15 +117,15 @@ def decode_sample(array: np.ndarray, key: str, members: list[tuple[str, int, int
             elif kind == "json":
                 sample.update(json_loads(bytes(view[offset : offset + size])))
             elif kind == "image":
-                sample.setdefault("media", []).append((int(name) if name.isdigit() else len(sample.get("media", [])),
-                                                       bytes(view[offset : offset + size])))
+                sample.setdefault("images", []).append((int(name) if name.isdigit() else len(sample.get("images", [])),
+                                                        bytes(view[offset : offset + size])))
             else:
                 sample[name] = bytes(view[offset : offset + size])
         except (ValueError, SyntaxError, KeyError, TypeError) as err:  # what a damaged member raises
             raise ShardError(f"{shard}: member {key}.{suffix} does not decode ({err}); "
                              "check it with verify=True, rewrite it, or read with on_error='skip'") from None
-    if "media" in sample:
-        sample["media"] = [data for _, data in sorted(sample["media"])]
+    if "images" in sample:
+        sample["images"] = [data for _, data in sorted(sample["images"])]
     return sample
 
 

@@ -63,15 +63,15 @@ def test_every_token_comes_back_from_the_shards(finished_run, tiny_tokenizer):
     for sample in stream(finished_run / "main"):
         assert sample["tokens"].shape == (64,)
         start = 0
-        for doc_id, length in zip(sample["doc_ids"], sample["doc_lens"]):
-            pieces.setdefault(doc_id, []).append(sample["tokens"][start : start + length])
+        for doc_id, offset, length in zip(sample["doc_ids"], sample["doc_offsets"], sample["doc_lens"]):
+            pieces.setdefault(doc_id, []).append((offset, sample["tokens"][start : start + length]))
             start += length
     eos = tokenizer.token_to_id("<|eos|>")
     for row in GOOD:
         text = normalize([new_document("web", row["id"], row["text"])])[0]["text"]
         doc_id = next(k for k in pieces if k.endswith("/" + row["id"]))
         expected = tokenizer.encode(text, add_special_tokens=False).ids + [eos]
-        assert np.concatenate(pieces[doc_id]).tolist() == expected
+        assert np.concatenate([t for _, t in sorted(pieces[doc_id], key=lambda p: p[0])]).tolist() == expected
     assert sum(k.startswith("code/") for k in pieces) == 30
 
 

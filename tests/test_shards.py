@@ -3,17 +3,17 @@ import hashlib
 import numpy as np
 import pytest
 
-from datapipe.packing import Packer
+from datapipe.curriculum import CurriculumStage, pack_stage
 from datapipe.shards import ShardWriter, read_manifest, read_shards
 from datapipe.stream import stream
-from tests.test_packing import make_docs
+from tests.test_packing import IDS, make_corpus
 
 
-def write_run(folder, n_docs=300, per_shard=7, stage="main", seq_len=128, seed=5, max_bytes=None):
-    """A stage folder of packed random documents; returns the samples in write order."""
-    packer = Packer(stage, seq_len, 100, pad_id=2)
-    samples = [s for doc_id, tokens in make_docs(seed, n_docs) for s in packer.add(doc_id, tokens)]
-    samples += list(packer.flush())
+def write_run(folder, n_docs=300, per_shard=7, stage="main", seq_len=128, seed=5, max_bytes=None, **docs):
+    """A stage folder of packed random documents (some with images, unless media_every=0); returns
+    the samples in write order."""
+    stage_config = CurriculumStage(name=stage, seq_len=seq_len)
+    samples = list(pack_stage(stage_config, make_corpus(seed, n_docs, **docs), 0, IDS)[2])
     with ShardWriter(folder, per_shard, {"stage": stage, "seq_len": seq_len}, max_bytes) as writer:
         for sample in samples:
             writer.write(sample)
@@ -108,8 +108,9 @@ def test_members_decode_generically_by_extension(tmp_path):
     from datapipe.tarsamples import iter_samples
 
     path, key = tmp_path / "x.tar", "k" * 150  # a long key: tarfile writes a pax header for it
-    members = {f"{key}.tokens.npy": npy(np.arange(8, dtype=np.uint32)), f"{key}.loss_mask.npy": npy(np.ones(8, np.uint8)),
-               f"{key}.json": json.dumps({"seq_len": 8, "images": ["a", "b"]}).encode(), f"{key}.1.png": b"png-one",
+    members = {f"{key}.tokens.npy": npy(np.arange(8, dtype=np.uint32)),
+               f"{key}.loss_mask.npy": npy(np.ones(8, np.uint8)),
+               f"{key}.json": json.dumps({"seq_len": 8, "captions": ["a", "b"]}).encode(), f"{key}.1.png": b"png-one",
                f"{key}.0.png": b"png-zero", f"{key}.txt": b"hello", "k2.tokens.npy": npy(np.zeros((2, 3), np.int32))}
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         for name, data in members.items():
@@ -118,7 +119,7 @@ def test_members_decode_generically_by_extension(tmp_path):
             tar.addfile(info, io.BytesIO(data))
     first, second = list(iter_samples(path.read_bytes(), str(path)))
     assert first["key"] == key and first["loss_mask"].dtype == np.uint8 and first["tokens"].tolist() == list(range(8))
-    assert first["media"] == [b"png-zero", b"png-one"] and first["images"] == ["a", "b"] and first["txt"] == b"hello"
+    assert first["images"] == [b"png-zero", b"png-one"] and first["captions"] == ["a", "b"] and first["txt"] == b"hello"
     assert second["tokens"].shape == (2, 3)
 
 

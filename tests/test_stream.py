@@ -30,6 +30,11 @@ def stage_copy(stage, tmp_path):
     return shutil.copytree(stage, tmp_path / "main")
 
 
+def write_run_folder(folder):
+    write_run(folder, n_docs=60, per_shard=4)
+    return folder
+
+
 def keys(samples):
     return [sample["key"] for sample in samples]
 
@@ -262,12 +267,11 @@ def test_skip_policy_leaves_out_bad_shards_and_lists_them(stage_copy):
 
 def test_unfinished_run_is_not_mistaken_for_a_finished_one(tmp_path):
     from datapipe.shards import ShardWriter
-    from tests.test_packing import make_docs
 
+    samples = list(read_shards(write_run_folder(tmp_path / "done")))
     with pytest.raises(RuntimeError), ShardWriter(tmp_path / "main", 2, {}) as writer:
-        for doc_id, tokens in make_docs(1, 5):
-            writer.write({"key": doc_id, "tokens": tokens, "doc_lens": np.array([len(tokens)]), "doc_ids": [doc_id],
-                          "seq_len": len(tokens), "num_pad": 0})
+        for sample in samples[:5]:
+            writer.write(sample)
         raise RuntimeError("the run crashed")
     with pytest.raises(FileNotFoundError, match="did not finish"):
         stream(tmp_path / "main")

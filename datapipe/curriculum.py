@@ -1,0 +1,255 @@
+"""The context-length curriculum: which documents each stage packs, and how many tokens.
+
+A recipe's `curriculum:` lists stages in training order (K3: 8K..64K in pre-training,
+256K..1M in cooldown). Each stage draws from the whole spilled corpus independently:
+  1. policy: a document longer than seq_len is split (default), truncated to seq_len,
+     or dropped; one whose media span alone exceeds seq_len cannot be placed whole and
+     is left out of the stage;
+  2. upsampling: documents of at least `upsample_long.min_tokens` appear `factor` times
+     (fractional factors by a seeded coin), so long stages see more long documents;
+  3. mixture and budget: each source gets weight/sum(weights) of the stage budget
+     (`tokens`, or `fraction` of the corpus tokens, or all there is). The mixture is
+     exact: when a source cannot supply its share, the stage shrinks to what that
+     source allows (`limited_by` in the stats) rather than drift from the weights;
+  4. within a source, copies are taken in a seeded random order until its target.
+A document may appear in several stages (and several times in one when upsampled);
+the run's accounting counts it once: written if any stage used it, else rejected
+with the reason of the stage that came closest to using it (Usage).
+"""
+from __future__ import annotations
+
+import re
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from datapipe.packing import PackPlan, SpecialIds, make_sample, media_safe_prefix, plan_packing, split_pieces
+from datapipe.schema import PackedSample
+from datapipe.spill import Corpus
+
+# A stage's outcome per document, from used to farthest from use. When no stage used a document, its
+# reject reason is the outcome of the stage that came closest: "over budget" says more budget would use it.
+USED, OVER_BUDGET, TOO_LONG, MEDIA_TOO_LONG, NOT_IN_MIXTURE = range(5)
+MISS_REASONS = {OVER_BUDGET: "pack.over_budget", NOT_IN_MIXTURE: "pack.not_in_mixture",
+                MEDIA_TOO_LONG: "pack.media_span_too_long", TOO_LONG: "pack.too_long"}
+RESERVED_NAMES = {"spill", "rejects"}  # folders of out/<run>/ that are not stages
+SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}  # token budgets count like money: 20B = 2e10
+
+
+class Upsample(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_tokens: int = Field(ge=1)  # documents at least this long are repeated...
+    factor: float = Field(ge=1.0)  # ...this many times in the stage; 2.5 = twice, a third copy for half of them
+
+
+class CurriculumStage(BaseModel):
+    """One curriculum stage: its sequence length, budget, source mixture and long-document policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("main", pattern=r"^[A-Za-z0-9_-]+$")  # shards go to out/<run>/<name>/; keys are <name>-<index>
+    seq_len: int = Field(2048, ge=16, le=1 << 24)  # tokens per training sequence
+    tokens: int | None = Field(None, ge=1)  # token budget: 20000000000 or "20B"; None = all the mixture allows
+    fraction: float | None = Field(None, gt=0, le=1)  # or the budget as a fraction of the corpus tokens
+    mixture: dict[str, float] = {}  # weight per source name; {} = every source in its natural proportion
+    upsample_long: Upsample | None = None  # repeat long documents (long-context stages)
+    long_docs: Literal["split", "truncate", "drop"] = "split"  # documents longer than seq_len
+    window: int | None = Field(None, ge=1)  # pieces per best-fit window; None = the whole stage (best fill)
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _parse_budget(cls, value: Any) -> Any:
+        match = re.fullmatch(r"\s*([\d.]+(?:e\d+)?)\s*([KMBGT]?)\s*", value, re.I) if isinstance(value, str) else None
+        if match:
+            return int(float(match[1]) * SUFFIXES.get(match[2].upper(), 1))
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    @field_validator("mixture")
+    @classmethod
+    def _weights(cls, mixture: dict[str, float]) -> dict[str, float]:
+        if any(w < 0 for w in mixture.values()) or (mixture and sum(mixture.values()) <= 0):
+            raise ValueError("mixture weights must be >= 0 with a positive sum, e.g. {web: 0.7, code: 0.3}")
+        return mixture
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> CurriculumStage:
+        if self.tokens is not None and self.fraction is not None:
+            raise ValueError("give `tokens` or `fraction` as the stage budget, not both")
+        return self
+
+
+def curriculum_problems(stages: list[CurriculumStage], source_names: list[str]) -> list[str]:
+    """What is wrong between a curriculum and the recipe's sources (empty when nothing is)."""
+    problems, names = [], [stage.name for stage in stages]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"curriculum: stage name {name!r} is repeated; each stage needs its own name (and folder)")
+    for name in sorted(set(names) & RESERVED_NAMES):
+        problems.append(f"curriculum: stage name {name!r} is a folder the run uses; pick another name")
+    for i, stage in enumerate(stages):
+        for source in sorted(set(stage.mixture) - set(source_names)):
+            problems.append(f"curriculum[{i}].mixture: unknown source {source!r}; sources: {', '.join(source_names)}")
+    return problems
+
+
+@dataclass
+class Selection:
+    """The document copies a stage packs, and why it left out the others."""
+
+    docs: np.ndarray  # corpus rows, one per copy, in packing order
+    lengths: np.ndarray  # tokens each copy contributes (shorter than the document when truncated)
+    outcome: np.ndarray  # int8 per corpus row: USED or why this stage left it out
+    weights: np.ndarray  # float per corpus source: its share of the budget
+    budget: float  # the stage's target tokens after the mixture's limits
+    limited_by: str  # "" or the source whose supply capped the budget ("corpus" for natural proportions)
+
+
+def select_stage(stage: CurriculumStage, corpus: Corpus, seed: int) -> Selection:
+    rng = stage_rng(seed, stage.name)
+    taken, outcome = policy_lengths(stage, corpus)
+    copies = upsample_copies(stage, corpus.lengths, rng) * (taken > 0)
+    supply = np.bincount(corpus.source, weights=taken * copies, minlength=len(corpus.source_names))
+    weights = mixture_weights(stage, corpus.source_names, supply)
+    budget, limited_by = stage_budget(stage, corpus, supply, weights)
+    picked = [pick_copies(np.flatnonzero((corpus.source == s) & (copies > 0)), taken, copies, budget * w, rng)
+              for s, w in enumerate(weights) if w > 0]
+    docs = rng.permutation(np.concatenate([np.zeros(0, np.int64), *picked]))
+    outcome[outcome == USED] = OVER_BUDGET  # eligible, until picked below
+    outcome[weights[corpus.source] == 0] = NOT_IN_MIXTURE  # never a candidate, whatever its length
+    outcome[docs] = USED
+    return Selection(docs, taken[docs], outcome, weights, budget, limited_by)
+
+
+def stage_rng(seed: int, name: str, stream: int = 0) -> np.random.Generator:
+    """A stage's own random stream: adding or reordering stages leaves the others' choices alone."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode()), stream])
+
+
+def policy_lengths(stage: CurriculumStage, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens each document contributes under the long-document policy (0 = left out), and why."""
+    taken, outcome = corpus.lengths.copy(), np.full(len(corpus.lengths), USED, dtype=np.int8)
+    long = corpus.lengths > stage.seq_len
+    if stage.long_docs == "drop":
+        taken[long], outcome[long] = 0, TOO_LONG
+    elif stage.long_docs == "truncate":
+        taken[long] = stage.seq_len
+    for row, spans in corpus.spans.items():
+        if int((spans[:, 1] - spans[:, 0]).max()) > stage.seq_len and outcome[row] == USED:
+            taken[row], outcome[row] = 0, MEDIA_TOO_LONG
+        elif stage.long_docs == "truncate" and long[row]:
+            taken[row] = media_safe_prefix(int(corpus.lengths[row]), stage.seq_len, spans)
+    return taken, outcome
+
+
+def upsample_copies(stage: CurriculumStage, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    copies = np.ones(len(lengths), dtype=np.int64)
+    if stage.upsample_long is not None:
+        long = lengths >= stage.upsample_long.min_tokens
+        whole, part = divmod(stage.upsample_long.factor, 1.0)
+        copies[long] = int(whole) + (rng.random(int(long.sum())) < part)
+    return copies
+
+
+def mixture_weights(stage: CurriculumStage, names: list[str], supply: np.ndarray) -> np.ndarray:
+    """Each source's share of the stage budget; the natural proportions when no mixture is given."""
+    weights = np.array([stage.mixture.get(name, 0.0) for name in names]) if stage.mixture else supply.astype(float)
+    return weights / weights.sum() if weights.sum() > 0 else weights
+
+
+def stage_budget(stage: CurriculumStage, corpus: Corpus, supply: np.ndarray, weights: np.ndarray) -> tuple[float, str]:
+    """The stage's target tokens: what was asked, capped by the scarcest source at its weight."""
+    requested = requested_tokens(stage, corpus.total_tokens)
+    missing = [name for name, weight in stage.mixture.items() if weight > 0 and name not in corpus.source_names]
+    if missing:
+        return 0.0, missing[0]
+    active = np.flatnonzero(weights > 0)
+    if not len(active):
+        return 0.0, ""
+    allowed = supply[active] / weights[active]
+    scarcest = int(np.argmin(allowed))
+    if allowed[scarcest] >= requested:
+        return requested, ""
+    if not stage.mixture:  # natural proportions: every source runs out at once
+        return float(allowed[scarcest]), "corpus" if np.isfinite(requested) else ""
+    return float(allowed[scarcest]), corpus.source_names[active[scarcest]]
+
+
+def requested_tokens(stage: CurriculumStage, corpus_tokens: int) -> float:
+    if stage.tokens is not None:
+        return float(stage.tokens)
+    return stage.fraction * corpus_tokens if stage.fraction is not None else np.inf
+
+
+def pick_copies(rows: np.ndarray, taken: np.ndarray, copies: np.ndarray, target: float,
+                rng: np.random.Generator) -> np.ndarray:
+    """Copies of a source's documents in a seeded order, up to the count whose tokens come closest to target."""
+    rows = rng.permutation(np.repeat(rows, copies[rows]))
+    cumulative = np.cumsum(taken[rows])
+    count = min(int(np.searchsorted(cumulative, target)) + 1, len(rows))
+    before = cumulative[count - 2] if count >= 2 else 0
+    if count and cumulative[count - 1] - target > target - before:
+        count -= 1
+    return rows[:count]
+
+
+def pack_stage(stage: CurriculumStage, corpus: Corpus, seed: int, ids: SpecialIds
+               ) -> tuple[Selection, PackPlan, Iterator[PackedSample]]:
+    """Select, split and plan a stage; the samples come lazily, in a seeded shuffled order."""
+    selection = select_stage(stage, corpus, seed)
+    pieces = split_pieces(selection.docs, selection.lengths, stage.seq_len, corpus.spans)
+    plan = plan_packing(pieces, stage.seq_len, stage.window)
+    order = stage_rng(seed, stage.name, stream=1).permutation(plan.num_sequences)
+    samples = (make_sample(f"{stage.name}-{index:09d}", corpus, plan, int(b), stage.seq_len, ids)
+               for index, b in enumerate(order))
+    return selection, plan, samples
+
+
+class Usage:
+    """Per corpus document, across stages: copies packed, and the closest a stage came to using it."""
+
+    def __init__(self, num_docs: int):
+        self.uses = np.zeros(num_docs, dtype=np.int64)
+        self.miss = np.full(num_docs, NOT_IN_MIXTURE, dtype=np.int8)
+
+    def record(self, selection: Selection) -> None:
+        self.uses += np.bincount(selection.docs, minlength=len(self.uses))
+        self.miss = np.minimum(self.miss, np.where(selection.outcome == USED, NOT_IN_MIXTURE, selection.outcome))
+
+    def unused(self) -> Iterator[tuple[int, str]]:
+        """(row, reject reason) of every document that no stage packed."""
+        for row in np.flatnonzero(self.uses == 0).tolist():
+            yield row, MISS_REASONS[int(self.miss[row])]
+
+
+def stage_stats(stage: CurriculumStage, corpus: Corpus, selection: Selection, plan: PackPlan,
+                manifest: dict[str, Any], started: float) -> dict[str, Any]:
+    """What a stage wrote, against what it was asked for (stats.json `packing.<stage>`)."""
+    capacity = manifest["samples"] * stage.seq_len
+    cut = corpus.lengths[selection.docs] - selection.lengths
+    unique_docs = len(np.unique(selection.docs))
+    return {
+        "seq_len": stage.seq_len, "samples": manifest["samples"], "shards": len(manifest["shards"]),
+        "tokens": manifest["tokens"], "fill": manifest["tokens"] / capacity if capacity else 0.0,
+        "docs": unique_docs, "copies": len(selection.docs), "upsampled_copies": len(selection.docs) - unique_docs,
+        "pieces": len(plan.pieces.length), "split_docs": int((selection.lengths > stage.seq_len).sum()),
+        "truncated_docs": int((cut > 0).sum()), "truncated_tokens": int(cut.sum()),
+        "dropped_too_long": int((selection.outcome == TOO_LONG).sum()),
+        "left_out_media_span_too_long": int((selection.outcome == MEDIA_TOO_LONG).sum()),
+        "long_docs": stage.long_docs,
+        "budget": {"requested": stage.tokens or (f"{stage.fraction:g} of corpus" if stage.fraction else None),
+                   "target": round(selection.budget), "limited_by": selection.limited_by},
+        "sources": source_stats(corpus, selection),
+        "wall_s": round(time.monotonic() - started, 2),
+    }
+
+
+def source_stats(corpus: Corpus, selection: Selection) -> dict[str, dict[str, Any]]:
+    tokens = np.bincount(corpus.source[selection.docs], weights=selection.lengths, minlength=len(corpus.source_names))
+    return {name: {"tokens": int(tokens[s]), "target": round(selection.budget * selection.weights[s]),
+                   "weight": round(float(selection.weights[s]), 6)}
+            for s, name in enumerate(corpus.source_names) if selection.weights[s] > 0 or tokens[s] > 0}
