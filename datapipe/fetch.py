@@ -5,8 +5,9 @@ like `cat`, into memory that is already mapped (a fresh buffer costs a page faul
 kernel zero-fill per 4 KiB, which doubled the read time on our 2-core box). The loader
 runs these reads in prefetch threads, which hold no GIL during the system call, so
 reading the next shard overlaps decoding this one. Arrays the decoder returns are
-writable views of that buffer; a buffer is reused only once no view of it is alive. A URL (http(s)://, s3://, gs://... any fsspec protocol whose package
-is installed) is downloaded whole; with a cache folder it is written there atomically
+writable views of that buffer; a buffer is reused only once no view of it is alive.
+A URL (http(s)://, s3://, gs://... any fsspec protocol whose package is installed) is
+downloaded whole; with a cache folder it is written there atomically
 (temporary name, rename) and read like a local file next time, so a second epoch or a
 restarted job reads it from disk. Every shard is checked against the manifest's size
 (a truncated shard fails before decoding) and, with verify=True, its sha256.

@@ -84,7 +84,8 @@ def epoch_plan(stages: list[Stage], place: Placement, seed: int, epoch: int, shu
         per_pass = stage.samples // place.world_size
         if per_pass == 0:
             raise ValueError(f"stage {stage.name!r} ({stage.location}) has {stage.samples} samples for "
-                             f"{place.world_size} ranks; every rank needs at least one: write more data or use fewer ranks")
+                             f"{place.world_size} ranks; every rank needs at least one: "
+                             "write more data or use fewer ranks")
         quota = stage.budget_samples() // place.world_size
         for pass_index in range(math.ceil(quota / per_pass)):
             count = min(per_pass, quota - pass_index * per_pass)
