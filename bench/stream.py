@@ -8,7 +8,8 @@ cache, then times in rounds, the loaders in turn: a raw sequential read of the s
 files (`cat` into /dev/null), our loader, `webdataset.WebDataset(...).decode()`, and
 `streaming.StreamingDataset`. Every loader hands out token arrays already in memory (ours
 reads each shard whole, the others copy per sample); the consumer gathers them into
-batches of 8 and reads one token of each. tokens/s counts every position (seq_len per sample). Then resume: a fresh
+batches of 8 and reads one token of each. "ours" decodes the same members the peers do
+(position_ids=False); "ours_positions" also derives position_ids, the loader's default. tokens/s counts every position (seq_len per sample). Then resume: a fresh
 shuffled loader restores a state at a random position and yields its next sample.
 Medians over the rounds; the machine is shared, so compare the ratios.
 """
@@ -139,8 +140,10 @@ def main() -> None:
 
     loaders = {
         "raw": lambda: time_raw(paths),
-        "ours": lambda: time_loader(lambda: stream(stage), "tokens", seq_len, n),
-        "ours_shuffled": lambda: time_loader(lambda: stream(stage, shuffle=True, seed=0), "tokens", seq_len, n),
+        "ours": lambda: time_loader(lambda: stream(stage, position_ids=False), "tokens", seq_len, n),
+        "ours_positions": lambda: time_loader(lambda: stream(stage), "tokens", seq_len, n),
+        "ours_shuffled": lambda: time_loader(lambda: stream(stage, shuffle=True, seed=0, position_ids=False),
+                                             "tokens", seq_len, n),
         "webdataset": lambda: time_loader(lambda: wds.WebDataset(paths, shardshuffle=False).decode(), "tokens.npy",
                                           seq_len, n),
         "streaming": lambda: time_loader(lambda: streaming.StreamingDataset(local=str(work / "mds"), batch_size=BATCH),
@@ -161,7 +164,8 @@ def main() -> None:
     print(f"bench stream: tokens_per_s={rates['ours']:.3g} raw_tokens_per_s={rates['raw']:.3g} "
           f"x_vs_webdataset={rates['ours'] / rates['webdataset']:.2f} "
           f"x_vs_streaming={rates['ours'] / rates['streaming']:.2f} frac_of_raw={rates['ours'] / rates['raw']:.2f} "
-          f"shuffled_frac_of_raw={rates['ours_shuffled'] / rates['raw']:.2f} resume_s={resume:.3f} "
+          f"shuffled_frac_of_raw={rates['ours_shuffled'] / rates['raw']:.2f} "
+          f"positions_frac_of_raw={rates['ours_positions'] / rates['raw']:.2f} resume_s={resume:.3f} "
           f"seq_len={seq_len} samples={n}")
 
 

@@ -143,14 +143,14 @@ def read_shards(folder: Path | str) -> Iterator[PackedSample]:
         yield from read_shard(Path(folder) / shard["name"])
 
 
-def finish_sample(sample: dict[str, Any]) -> PackedSample:
+def finish_sample(sample: dict[str, Any], with_positions: bool = True) -> PackedSample:
     """The fields a shard does not store: an images list (empty for text), media_spans, and the
     position ids that doc_lens imply. The decoder (datapipe.tarsamples) put images in span order."""
     from datapipe.packing import position_ids
 
     sample.setdefault("images", [])
     sample.setdefault("media_spans", [])
-    if "doc_lens" in sample and "seq_len" in sample:
+    if with_positions and "doc_lens" in sample and "seq_len" in sample:
         sample["position_ids"] = position_ids(sample["doc_lens"], sample["seq_len"])
     return sample
 

@@ -85,6 +85,14 @@ def extended_name(data: bytes, kind: int) -> str | None:
 
 def iter_samples(buffer, shard: str, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
     """Samples number start..stop-1 of a shard; the ones before `start` are skipped undecoded."""
+    for encoded in iter_encoded(buffer, shard, start, stop):
+        yield decode_sample(*encoded)
+
+
+def iter_encoded(buffer, shard: str, start: int = 0, stop: int | None = None) -> Iterator[tuple]:
+    """Samples start..stop-1 located but not decoded: (array, key, members, shard, view) for
+    decode_sample. The loader decodes only what it yields, so a resume that lands late in a
+    shuffle window walks the window's headers but decodes just the samples still to come."""
     if stop is not None and stop <= start:
         return
     array = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8)
@@ -94,7 +102,7 @@ def iter_samples(buffer, shard: str, start: int = 0, stop: int | None = None) ->
         member_key, _, suffix = name.rpartition("/")[2].partition(".")
         if member_key != key and members:
             if index >= start:
-                yield decode_sample(array, key, members, shard, view)
+                yield array, key, members, shard, view
             index += 1
             members = []
             if stop is not None and index >= stop:
@@ -102,7 +110,7 @@ def iter_samples(buffer, shard: str, start: int = 0, stop: int | None = None) ->
         key = member_key
         members.append((suffix, offset, size))
     if members and index >= start and (stop is None or index < stop):
-        yield decode_sample(array, key, members, shard, view)
+        yield array, key, members, shard, view
 
 
 def decode_sample(array: np.ndarray, key: str, members: list[tuple[str, int, int]], shard: str,
