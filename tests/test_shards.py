@@ -127,3 +127,15 @@ def npy(array):
     from datapipe.shards import npy_bytes
 
     return npy_bytes(array)
+
+
+def test_derived_position_ids_equal_the_packers():
+    from datapipe.packing import position_ids
+    from datapipe.shards import derive_position_ids
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lens = rng.integers(1, 900, size=int(rng.integers(1, 20))).astype(np.int32)
+        seq_len = int(lens.sum() + rng.integers(0, 50))
+        derived = derive_position_ids(lens, seq_len)
+        assert derived.dtype == np.int32 and np.array_equal(derived, position_ids(lens, seq_len))
