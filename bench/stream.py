@@ -9,8 +9,9 @@ files (`cat` into /dev/null), our loader, `webdataset.WebDataset(...).decode()`,
 `streaming.StreamingDataset`. Every loader hands out token arrays already in memory (ours
 reads each shard whole, the others copy per sample); the consumer gathers them into
 batches of 8 and reads one token of each. "ours" decodes the same members the peers do
-(position_ids=False); "ours_positions" also derives position_ids, the loader's default. tokens/s counts every position (seq_len per sample). Then resume: a fresh
-shuffled loader restores a state at a random position and yields its next sample.
+(position_ids=False); "ours_positions" also derives position_ids, the loader's default.
+tokens/s counts every position (seq_len per sample). Then resume: a fresh shuffled loader
+restores a state at a random position and yields its next sample.
 Medians over the rounds; the machine is shared, so compare the ratios.
 """
 from __future__ import annotations
