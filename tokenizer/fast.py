@@ -10,7 +10,8 @@ The ranks file sits next to the tokenizer: DIR/tokenizer.json -> DIR/tokenizer.t
 one `base64(token_bytes) rank` line per BPE token (tiktoken's own format, also what K2
 ships as tiktoken.model). It is read from local disk only; tiktoken's loader is not used
 because it caches files by path in /tmp, which would serve a stale file after a retrain.
-Loading checks the ranks against tokenizer.json's vocabulary, so the two cannot drift.
+Loading checks the ranks against tokenizer.json's vocabulary, so the two cannot drift; a
+tokenizer.json without its ranks file gets the same ranks derived in memory.
 """
 from __future__ import annotations
 
@@ -108,11 +109,16 @@ def make_encoder(name_or_path: str | Path, fast: bool = True) -> FastEncoder | H
 
 
 def load_checked_ranks(path: Path, spec: dict) -> dict[bytes, int]:
+    """The ranks file, checked against tokenizer.json; derived from tokenizer.json when absent."""
+    if not spec["model"].get("ignore_merges"):
+        raise ValueError(f"{path} was not laid out for tiktoken (ignore_merges is off): retrain it with "
+                         "`datapipe tokenizer train`, or set `fast: false` on the tokenize stage to use HF tokenizers")
+    expected = ranks_from_json(spec)
     ranks_file = ranks_path(path)
     if not ranks_file.is_file():
-        raise FileNotFoundError(f"{ranks_file} is missing: write it with `datapipe tokenizer export {path}`")
+        return expected  # the same ranks `datapipe tokenizer export` would write
     ranks = read_ranks(ranks_file)
-    if ranks != ranks_from_json(spec):
+    if ranks != expected:
         raise ValueError(f"{ranks_file} does not match {path} (retrained since?): "
                          f"rewrite it with `datapipe tokenizer export {path}`")
     return ranks

@@ -2,8 +2,9 @@
 
 Kimi-VL / K2.5's vision tower (MoonViT) cuts an image into 14x14 patches and merges 2x2 of
 them into one token, so one `<|media_pad|>` stands for a 28x28-pixel cell. An image of
-W x H pixels is resized to cols*28 x rows*28, keeping its aspect ratio to within one cell,
-with cols*rows <= the budget; a larger image is scaled down (never cropped), a smaller one
+W x H pixels is resized to cols*28 x rows*28, keeping its aspect ratio to within one cell
+(of the floor/ceil grids around the exact scaled size, the closest in aspect), with
+cols*rows <= the budget; a larger image is scaled down (never cropped), a smaller one
 is only rounded to whole cells (a 10x10 icon becomes one 28x28 cell).
 
 Images are untrusted input: the pixel count is read from the header and checked before
@@ -40,13 +41,18 @@ class LaidOutImage:
 
 
 def fit_grid(width: int, height: int, max_tokens: int) -> tuple[int, int]:
-    """(cols, rows) of 28-px cells for a width x height image: aspect kept, cols*rows <= max_tokens."""
+    """(cols, rows) of 28-px cells for a width x height image: cols*rows <= max_tokens, and of the
+    whole-cell sizes next to the exact scaled size, the one closest in aspect ratio, then in area."""
     scale = min(1.0, math.sqrt(max_tokens * PATCH * PATCH / (width * height)))
-    cols = max(1, round(width * scale / PATCH))
-    rows = max(1, round(height * scale / PATCH))
-    rows = min(rows, max_tokens)  # rounding to whole cells can overshoot the budget by a row or column
-    cols = min(cols, max_tokens // rows)
-    return cols, rows
+    exact_cols, exact_rows = width * scale / PATCH, height * scale / PATCH
+    rows = min(max(1, math.floor(exact_rows)), max_tokens)  # always fits: floor * floor <= budget
+    candidates = [(max(1, min(math.floor(exact_cols), max_tokens // rows)), rows)]
+    for cols in {math.floor(exact_cols), math.ceil(exact_cols)}:
+        for rows in {math.floor(exact_rows), math.ceil(exact_rows)}:
+            if 1 <= cols and 1 <= rows and cols * rows <= max_tokens:
+                candidates.append((cols, rows))
+    aspect, area = width / height, exact_cols * exact_rows
+    return min(candidates, key=lambda grid: (abs(math.log(grid[0] / grid[1] / aspect)), abs(grid[0] * grid[1] - area)))
 
 
 def lay_out_image(data: bytes, max_tokens: int, max_pixels: int) -> LaidOutImage:
