@@ -90,7 +90,7 @@ def test_placeholders_become_media_spans_in_order(tiny_tokenizer):
     spans = media_spans(tokens, ids["<|media_begin|>"], ids["<|media_end|>"])
     pads = [int((tokens[start:stop] == ids["<|media_pad|>"]).sum()) for start, stop in spans]
     assert pads == [m["pad_tokens"] for m in doc["meta"]["media"]] == [50, 55, 1]  # 10x5 cells, 11x5 (budget 64), 1x1
-    image_word = FastEncoder(tiny_tokenizer).encode_batch(["image"])[0]
+    image_word = FastEncoder(tiny_tokenizer).encode_batch(["image"])[0].tolist()
     start, stop = spans[0]
     assert tokens[start : start + len(image_word) + 2].tolist() == \
         [ids["<|media_begin|>"], *image_word, ids["<|media_content|>"]]

@@ -54,9 +54,13 @@ def test_ranks_are_bytes_then_merges_and_ids_equal_ranks(tiny_tokenizer):
     assert all(vocab[token] < len(ranks) for token in vocab if not token.startswith("<|"))
 
 
+def same_on_both_paths(tokenizer, text: str) -> bool:
+    return FastEncoder(tokenizer).encode_batch([text])[0].tolist() == HFEncoder(tokenizer).encode_batch([text])[0].tolist()
+
+
 def test_encode_decode_round_trip(tiny_tokenizer):
     text = "packing shards\n\n  def f(x):\n\treturn 数据 café 👍🏽 <|eos|>"
-    ids = FastEncoder(tiny_tokenizer).encode_batch([text])[0]
+    ids = FastEncoder(tiny_tokenizer).encode_batch([text])[0].tolist()
     assert load_tokenizer(tiny_tokenizer).decode(ids) == text
     assert special_token_ids(tiny_tokenizer)["<|eos|>"] not in ids  # special strings in text stay text
 
@@ -75,13 +79,13 @@ def test_stale_ranks_file_is_refused(tmp_path, tiny_tokenizer):
     with pytest.raises(ValueError, match="does not match"):
         FastEncoder(path)
     export_ranks(path)
-    assert FastEncoder(path).encode_batch(["packing"]) == HFEncoder(path).encode_batch(["packing"])
+    assert same_on_both_paths(path, "packing")
 
 
 def test_missing_ranks_file_is_derived_from_tokenizer_json(tmp_path, tiny_tokenizer):
     path = tmp_path / "tokenizer.json"
     path.write_text(tiny_tokenizer.read_text())
-    assert FastEncoder(path).encode_batch(["recipe stage"]) == HFEncoder(path).encode_batch(["recipe stage"])
+    assert same_on_both_paths(path, "recipe stage")
 
 
 def test_tokenizer_json_not_laid_out_for_tiktoken_is_refused(tmp_path, tiny_tokenizer):
@@ -107,5 +111,5 @@ def test_cli_trains_from_jsonl_and_writes_both_files(tmp_path):
 
 def test_bundled_demo_tokenizer_loads_on_both_paths():
     text = "def main():\n    print('hello, world')  # 1234\n"
-    assert FastEncoder("demo").encode_batch([text]) == HFEncoder("demo").encode_batch([text])
+    assert same_on_both_paths("demo", text)
     assert set(special_token_ids("demo")) == set(SPECIAL_TOKENS)

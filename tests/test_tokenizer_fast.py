@@ -81,8 +81,8 @@ def assert_same_ids(tokenizer: Path, texts: list[str]) -> int:
     fast, reference = FastEncoder(tokenizer).encode_batch(texts), HFEncoder(tokenizer).encode_batch(texts)
     decoder = FastEncoder(tokenizer).encoding
     for text, fast_ids, hf_ids in zip(texts, fast, reference):
-        assert fast_ids == hf_ids, f"ids differ on {text[:80]!r}"
-        assert decoder.decode(fast_ids) == text
+        assert fast_ids.tolist() == hf_ids.tolist(), f"ids differ on {text[:80]!r}"
+        assert decoder.decode(fast_ids.tolist()) == text
     return sum(map(len, fast))
 
 
@@ -100,9 +100,11 @@ def test_identical_ids_on_random_character_soup(multilingual_tokenizer):
 
 @pytest.mark.slow
 def test_identical_ids_for_every_code_point(multilingual_tokenizer):
-    """Each of the 1.1M code points in word, case, digit and space contexts: the two regex engines
-    (Oniguruma, fancy-regex) carry their own Unicode tables, so a property they disagree on shows here."""
-    points = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    """Every code point that is or may become assigned, in word, case, digit and space contexts: the
+    two regex engines (Oniguruma, fancy-regex) carry their own Unicode tables, so a property they
+    disagree on shows here. Planes 4-13 are skipped: unassigned in every Unicode version to date."""
+    planes = [range(0, 0xD800), range(0xE000, 0x40000), range(0xE0000, 0x110000)]  # no surrogates
+    points = [chr(c) for plane in planes for c in plane]
     contexts = ["a{c}b {c}{c}1 {c}A's\n".format(c=c) for c in points]
     for start in range(0, len(contexts), 100_000):  # chunks keep the id lists small (~300 MB each)
         chunk = contexts[start : start + 100_000]
@@ -110,9 +112,9 @@ def test_identical_ids_for_every_code_point(multilingual_tokenizer):
 
 
 def test_lone_surrogates_encode_as_replacement_characters(multilingual_tokenizer):
-    fast = FastEncoder(multilingual_tokenizer)
-    assert fast.encode_batch(["a\ud800b"]) == fast.encode_batch(["a\ufffdb"]) == \
-        HFEncoder(multilingual_tokenizer).encode_batch(["a\ud800b"])
+    fast = FastEncoder(multilingual_tokenizer).encode_batch(["a\ud800b", "a\ufffdb"])
+    reference = HFEncoder(multilingual_tokenizer).encode_batch(["a\ud800b"])
+    assert fast[0].tolist() == fast[1].tolist() == reference[0].tolist()
 
 
 def read_web_text(limit_chars: int) -> list[str]:
@@ -136,5 +138,5 @@ def test_identical_ids_on_shared_web_text(tmp_path):
     if not WEB_TEXT.is_dir():
         pytest.skip(f"shared web text not found at {WEB_TEXT}; see shared/data/README.md")
     texts = read_web_text(limit_chars=40_000_000)
-    tokenizer = save_tokenizer(train_tokenizer(texts[:: 4], vocab_size=8192), tmp_path)
+    tokenizer = save_tokenizer(train_tokenizer(texts[::10], vocab_size=8192), tmp_path)
     assert assert_same_ids(tokenizer, texts) > 1_000_000

@@ -19,6 +19,8 @@ import base64
 import json
 from pathlib import Path
 
+import numpy as np
+
 from tokenizer.bpe import byte_level_chars, tokenizer_path
 
 
@@ -76,9 +78,17 @@ class FastEncoder:
                                           special_tokens=specials)
         self.special_ids = specials
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # One thread: a Ray actor reserves one CPU; lone surrogates become U+FFFD inside tiktoken.
-        return [self.encoding.encode_ordinary(text) for text in texts]
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """uint32 ids per text. One thread: a Ray actor reserves one CPU."""
+        return [self.encode(text) for text in texts]
+
+    def encode(self, text: str) -> np.ndarray:
+        # encode_to_numpy with no allowed specials is encode_ordinary straight into an array
+        # (~10% faster than building a list); it raises on lone surrogates, which are rare.
+        try:
+            return self.encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
+        except UnicodeEncodeError:
+            return self.encode(replace_surrogates(text))
 
 
 class HFEncoder:
@@ -90,9 +100,10 @@ class HFEncoder:
         self.tokenizer = load_tokenizer(name_or_path)
         self.tokenizer.encode_special_tokens = True  # "<|eos|>" typed in a document is text, not EOS
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         clean = [replace_surrogates(text) for text in texts]
-        return [encoding.ids for encoding in self.tokenizer.encode_batch(clean, add_special_tokens=False)]
+        encodings = self.tokenizer.encode_batch(clean, add_special_tokens=False)
+        return [np.array(encoding.ids, dtype=np.uint32) for encoding in encodings]
 
 
 def replace_surrogates(text: str) -> str:

@@ -38,21 +38,21 @@ class Config(StageConfig):
 def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
     encoder = make_encoder(cfg.tokenizer, cfg.fast)
     ids = special_token_ids(cfg.tokenizer)
-    image_word = encoder.encode_batch(["image"])[0]
-    prefix = [ids["<|bos|>"]] if cfg.add_bos else []
+    image_word = encoder.encode_batch(["image"])[0].tolist()
+    prefix = np.array([ids["<|bos|>"]] if cfg.add_bos else [], dtype=np.uint32)
+    suffix = np.array([ids["<|eos|>"]], dtype=np.uint32)
 
     def tokenize(docs: list[Document]) -> list[Document]:
         laid_out = [lay_out_document(doc, cfg) for doc in docs]
         alive = [(doc, images) for doc, images in zip(docs, laid_out) if not doc["reject"]]
         pieces = [doc["text"].split(MEDIA_PLACEHOLDER) for doc, _ in alive]
         encoded = iter(encoder.encode_batch([piece for doc_pieces in pieces for piece in doc_pieces]))
-        for (doc, images), doc_pieces in zip(alive, pieces):
-            tokens = prefix + next(encoded)
+        for doc, images in alive:
+            parts = [prefix, next(encoded)]
             for image in images:
-                tokens += image_span(ids, image_word, image.num_pad_tokens) + next(encoded)
-            tokens.append(ids["<|eos|>"])
-            doc["tokens"] = np.array(tokens, dtype=np.uint32)
-            doc["meta"]["num_tokens"] = len(tokens)
+                parts += [np.array(image_span(ids, image_word, image.num_pad_tokens), dtype=np.uint32), next(encoded)]
+            doc["tokens"] = np.concatenate([*parts, suffix])
+            doc["meta"]["num_tokens"] = len(doc["tokens"])
         return docs
 
     return tokenize
