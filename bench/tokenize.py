@@ -18,20 +18,20 @@ import sys
 # put the repository root, not bench/, first on the path before anything else is imported.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import argparse  # noqa: E402
-import gzip  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import gzip
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from datapipe.schema import new_document  # noqa: E402
-from tokenizer.bpe import save_tokenizer, train_tokenizer  # noqa: E402
-from tokenizer.fast import HFEncoder  # noqa: E402
-from tokenizer.stage import Config, make_stage  # noqa: E402
+from datapipe.schema import new_document
+from tokenizer.bpe import save_tokenizer, train_tokenizer
+from tokenizer.fast import HFEncoder
+from tokenizer.stage import Config, make_stage
 
 WEB_TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "web_text"
 FILES = ("web_docs.jsonl.gz", "udhr.jsonl.gz", "math_docs.jsonl.gz")

@@ -1,7 +1,16 @@
+import io
+
 import numpy as np
 import pytest
+from PIL import Image
 
+from datapipe.runner import add_stage
+from datapipe.schema import MEDIA_PLACEHOLDER, docs_from_table, docs_to_table, new_document
+from tokenizer.bpe import special_token_ids
+from tokenizer.fast import FastEncoder
+from tokenizer.image import PATCH, BadImage, fit_grid, lay_out_image
 from tokenizer.media import loss_mask, media_spans
+from tokenizer.stage import Config, make_stage
 
 BEGIN, END = 3, 5
 
@@ -18,18 +27,6 @@ def test_unbalanced_span_is_an_error():
 
 
 # --- image layout: whole 28x28 cells within the token budget -------------------------------
-
-import io  # noqa: E402
-
-from PIL import Image  # noqa: E402
-
-from datapipe.runner import add_stage  # noqa: E402
-from datapipe.schema import MEDIA_PLACEHOLDER, docs_from_table, docs_to_table, new_document  # noqa: E402
-from tokenizer.bpe import special_token_ids  # noqa: E402
-from tokenizer.fast import FastEncoder  # noqa: E402
-from tokenizer.image import PATCH, BadImage, fit_grid, lay_out_image  # noqa: E402
-from tokenizer.stage import Config, make_stage  # noqa: E402
-
 
 def png(width: int, height: int, mode: str = "RGB", fmt: str = "PNG") -> bytes:
     """A real image: a gradient, so resizing has something to resample."""
@@ -91,7 +88,7 @@ def test_placeholders_become_media_spans_in_order(tiny_tokenizer):
     pads = [int((tokens[start:stop] == ids["<|media_pad|>"]).sum()) for start, stop in spans]
     assert pads == [m["pad_tokens"] for m in doc["meta"]["media"]] == [50, 55, 1]  # 10x5 cells, 11x5 (budget 64), 1x1
     image_word = FastEncoder(tiny_tokenizer).encode_batch(["image"])[0].tolist()
-    start, stop = spans[0]
+    start = spans[0][0]
     assert tokens[start : start + len(image_word) + 2].tolist() == \
         [ids["<|media_begin|>"], *image_word, ids["<|media_content|>"]]
     assert spans[0][0] == 0 and spans[2][1] == len(tokens) - 1 and tokens[-1] == ids["<|eos|>"]

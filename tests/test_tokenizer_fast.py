@@ -103,9 +103,9 @@ def test_identical_ids_for_every_code_point(multilingual_tokenizer):
     """Every code point that is or may become assigned, in word, case, digit and space contexts: the
     two regex engines (Oniguruma, fancy-regex) carry their own Unicode tables, so a property they
     disagree on shows here. Planes 4-13 are skipped: unassigned in every Unicode version to date."""
-    planes = [range(0, 0xD800), range(0xE000, 0x40000), range(0xE0000, 0x110000)]  # no surrogates
+    planes = [range(0xD800), range(0xE000, 0x40000), range(0xE0000, 0x110000)]  # no surrogates
     points = [chr(c) for plane in planes for c in plane]
-    contexts = ["a{c}b {c}{c}1 {c}A's\n".format(c=c) for c in points]
+    contexts = [f"a{c}b {c}{c}1 {c}A's\n" for c in points]
     for start in range(0, len(contexts), 100_000):  # chunks keep the id lists small (~300 MB each)
         chunk = contexts[start : start + 100_000]
         assert_same_ids(multilingual_tokenizer, ["".join(chunk[i : i + 1000]) for i in range(0, len(chunk), 1000)])

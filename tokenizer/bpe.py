@@ -17,9 +17,9 @@ exactly a tiktoken vocabulary:
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
-from typing import Iterable
 
 from tokenizer.pretokenize import K2_PATTERN, hf_pre_tokenizer
 
@@ -95,10 +95,8 @@ def build_tokenizer(ranks: dict[bytes, int], num_reserved: int, pattern: str = K
     """The HF tokenizer equivalent to tiktoken ranks + pattern, special tokens after the ranks."""
     from tokenizers import Tokenizer, decoders, models
 
-    to_chars = byte_level_chars()
-    as_text = lambda token: "".join(to_chars[b] for b in token)  # noqa: E731
-    vocab = {as_text(token): rank for token, rank in ranks.items()}
-    merges = [(as_text(left), as_text(right)) for left, right in merges_from_ranks(ranks)]
+    vocab = {as_byte_level(token): rank for token, rank in ranks.items()}
+    merges = [(as_byte_level(left), as_byte_level(right)) for left, right in merges_from_ranks(ranks)]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
     tokenizer.pre_tokenizer = hf_pre_tokenizer(pattern)
     tokenizer.decoder = decoders.ByteLevel()
@@ -108,6 +106,11 @@ def build_tokenizer(ranks: dict[bytes, int], num_reserved: int, pattern: str = K
 
 def special_token_names(num_reserved: int) -> list[str]:
     return SPECIAL_TOKENS + [RESERVED_TOKEN.format(i) for i in range(num_reserved - len(SPECIAL_TOKENS))]
+
+
+def as_byte_level(token: bytes) -> str:
+    chars = byte_level_chars()
+    return "".join(chars[b] for b in token)
 
 
 @cache

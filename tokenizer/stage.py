@@ -11,7 +11,8 @@ the tokenizer once.
 """
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 from pydantic import Field
