@@ -76,7 +76,6 @@ class FastEncoder:
         specials = {added["content"]: added["id"] for added in spec["added_tokens"]}
         self.encoding = tiktoken.Encoding(path.stem, pat_str=split_pattern(spec), mergeable_ranks=ranks,
                                           special_tokens=specials)
-        self.special_ids = specials
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """uint32 ids per text. One thread: a Ray actor reserves one CPU."""
@@ -107,7 +106,7 @@ class HFEncoder:
 
 
 def replace_surrogates(text: str) -> str:
-    """Lone surrogates (legal in JSON, not in UTF-8) -> U+FFFD, as tiktoken does; HF raises on them."""
+    """Lone surrogates (legal in JSON, not in UTF-8) -> U+FFFD, as tiktoken's encode() does; HF raises on them."""
     try:
         text.encode("utf-8")
         return text
