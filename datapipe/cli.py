@@ -94,7 +94,11 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     from tokenizer.fast import ranks_path
 
     texts = iter_training_texts(args.inputs)
-    tokenizer = train_tokenizer(texts, args.vocab_size, args.min_frequency)
+    try:
+        tokenizer = train_tokenizer(texts, args.vocab_size, args.min_frequency)
+    except ValueError as err:  # a vocabulary too small for the reserved block
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        return 2
     path = save_tokenizer(tokenizer, args.out)
     console.print(f"wrote {path} ({tokenizer.get_vocab_size():,} tokens) and its tiktoken ranks {ranks_path(path)}")
     return 0
@@ -103,7 +107,11 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 def cmd_tokenizer_export(args: argparse.Namespace) -> int:
     from tokenizer.fast import export_ranks
 
-    console.print(f"wrote {export_ranks(args.tokenizer_json)}")
+    try:
+        console.print(f"wrote {export_ranks(args.tokenizer_json)}")
+    except ValueError as err:  # not a byte-level BPE tokenizer.json
+        console.print(f"[red]error:[/red] {args.tokenizer_json}: {err}", highlight=False, soft_wrap=True)
+        return 2
     return 0
 
 
