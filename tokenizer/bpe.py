@@ -41,8 +41,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 
     """A K2-style byte-level BPE trained on `texts` (an iterator is fine; it is read once)."""
     num_reserved = reserved_block_size(vocab_size) if num_reserved is None else num_reserved
     if num_reserved < len(SPECIAL_TOKENS) or vocab_size - num_reserved <= 256:
-        raise ValueError(f"vocab_size {vocab_size} with {num_reserved} reserved ids leaves no room for merges: "
-                         f"use vocab_size > {256 + max(num_reserved, len(SPECIAL_TOKENS))}")
+        raise ValueError(f"vocab_size {vocab_size} with {num_reserved} reserved ids leaves no room for merges after "
+                         f"the 256 byte tokens (and needs >= {len(SPECIAL_TOKENS)} reserved): use vocab_size 512 or more")
     trained = train_hf_bpe(texts, vocab_size - num_reserved, min_frequency)
     return build_tokenizer(ranks_from_trained(trained), num_reserved)
 
