@@ -51,8 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     train = tokenizer_commands.add_parser("train", help="train a byte-level BPE tokenizer")
     train.add_argument("inputs", nargs="+", help="a recipe YAML (its sources are read) or text/JSONL files")
     train.add_argument("--vocab-size", type=int, required=True)
-    train.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json")
+    train.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json and tokenizer.tiktoken")
+    train.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen at least this often")
     train.set_defaults(handler=cmd_tokenizer_train)
+    export = tokenizer_commands.add_parser("export", help="write the tiktoken ranks file beside a tokenizer.json")
+    export.add_argument("tokenizer_json", type=Path)
+    export.set_defaults(handler=cmd_tokenizer_export)
     return parser
 
 
@@ -86,18 +90,34 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    from tokenizer.bpe import train_tokenizer
+    from tokenizer.bpe import save_tokenizer, train_tokenizer
+    from tokenizer.fast import ranks_path
 
     texts = iter_training_texts(args.inputs)
-    tokenizer = train_tokenizer(texts, args.vocab_size)
-    args.out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(args.out / "tokenizer.json"))
-    console.print(f"wrote {args.out / 'tokenizer.json'} ({tokenizer.get_vocab_size():,} tokens)")
+    try:
+        tokenizer = train_tokenizer(texts, args.vocab_size, args.min_frequency)
+    except ValueError as err:  # a vocabulary too small for the reserved block
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        return 2
+    path = save_tokenizer(tokenizer, args.out)
+    console.print(f"wrote {path} ({tokenizer.get_vocab_size():,} tokens) and its tiktoken ranks {ranks_path(path)}")
+    return 0
+
+
+def cmd_tokenizer_export(args: argparse.Namespace) -> int:
+    from tokenizer.fast import export_ranks
+
+    try:
+        console.print(f"wrote {export_ranks(args.tokenizer_json)}")
+    except ValueError as err:  # not a byte-level BPE tokenizer.json
+        console.print(f"[red]error:[/red] {args.tokenizer_json}: {err}", highlight=False, soft_wrap=True)
+        return 2
     return 0
 
 
 def iter_training_texts(inputs: list[str]):
     from datapipe.config import SourceConfig
+    from datapipe.schema import MEDIA_PLACEHOLDER
     from datapipe.sources import iter_recipe_documents, read_jsonl
 
     for name in inputs:
@@ -108,7 +128,8 @@ def iter_training_texts(inputs: list[str]):
         else:
             yield Path(name).read_text(encoding="utf-8", errors="replace")
             continue
-        yield from (doc["text"] for doc in docs if not doc["reject"])
+        # Placeholders become media spans, never text: train on the text around them.
+        yield from (doc["text"].replace(MEDIA_PLACEHOLDER, "\n") for doc in docs if not doc["reject"])
 
 
 if __name__ == "__main__":

@@ -24,14 +24,12 @@ def ray_session():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory) -> Path:
-    """A 512-token byte-level BPE trained on generated English and code, saved as tokenizer.json."""
-    from tokenizer.bpe import train_tokenizer
+    """A 512-token byte-level BPE trained on generated English and code: tokenizer.json + tokenizer.tiktoken."""
+    from tokenizer.bpe import save_tokenizer, train_tokenizer
 
     texts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(40)) for i in range(200)]
     texts += ["def f(x):\n    return x * 2\n", "数据管道 测试 文本", "café naïve déjà vu"]
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    train_tokenizer(texts, vocab_size=512).save(str(path))
-    return path
+    return save_tokenizer(train_tokenizer(texts, vocab_size=512), tmp_path_factory.mktemp("tok"))
 
 
 def write_jsonl(path: Path, rows: list, raw_lines: list[bytes] = ()) -> Path:

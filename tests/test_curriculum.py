@@ -217,8 +217,8 @@ def curriculum_run(tmp_path_factory, tiny_tokenizer, ray_session):
     tmp = tmp_path_factory.mktemp("curriculum")
     rows = [{"id": f"w{i}", "text": " ".join(WORDS[i % 9 :][:12])} for i in range(60)]
     rows += [{"id": f"long{i}", "text": f"{i} {LONG_TEXT}"} for i in range(6)]
-    rows += [{"id": "orphan_span", "text": "see <|media_begin|><|media_content|><|media_end|> here"},
-             {"id": "unclosed", "text": "see <|media_begin|> here"}]
+    rows += [{"id": "orphan_placeholder", "text": "see <|media|> here"},  # a placeholder without its image
+             {"id": "fake_special", "text": "see <|media_begin|> here"}]  # special-token text stays plain text
     write_jsonl(tmp / "web.jsonl", rows)
     sources = [{"name": "web", "type": "jsonl", "paths": ["web.jsonl"], "id_field": "id"},
                {"name": "code", "type": "python_programs", "count": 20}]
@@ -243,7 +243,8 @@ def test_run_accounts_for_every_document_once(curriculum_run):
     rejects = [json.loads(line) for line in (out / "rejects" / "rejects.jsonl").open()]
     assert sum(stats["written"].values()) == len(written) and len(rejects) == sum(stats["rejected"].values())
     assert written.isdisjoint(r["id"] for r in rejects) and len(written) + len(rejects) == 88
-    assert stats["rejected"]["pack.media_mismatch"] == stats["rejected"]["pack.unbalanced_media"] == 1
+    assert stats["rejected"]["tokenize.media_count_mismatch"] == 1
+    assert "pack.unbalanced_media" not in stats["rejected"]  # typed special-token text never opens a span
     assert stats["rejected"]["pack.over_budget"] > 0  # code documents that neither mixture's budget reached
     assert {r["source"] for r in rejects if r["reject"] == "pack.over_budget"} == {"code"}
     assert not (out / "spill").exists()
@@ -284,8 +285,8 @@ def test_upsampling_on_ray_repeats_exactly_the_long_documents(curriculum_run):
 def test_rejects_file_and_inspect_show_the_curriculum(curriculum_run, capsys):
     out, _ = curriculum_run
     rejects = {r["reject"]: r for r in map(json.loads, (out / "rejects" / "rejects.jsonl").open())}
-    assert rejects["pack.media_mismatch"]["source_id"] == "orphan_span"
-    assert rejects["pack.over_budget"]["text"].startswith("def ") or rejects["pack.over_budget"]["text"]
+    assert rejects["tokenize.media_count_mismatch"]["source_id"] == "orphan_placeholder"
+    assert rejects["pack.over_budget"]["text"].startswith("def ")  # generated programs, cut by the budget
     assert rejects["pack.over_budget"]["meta"]["num_tokens"] > 0
     assert cli.main(["inspect", str(out), "--samples", "1"]) == 0
     shown = capsys.readouterr().err

@@ -25,3 +25,10 @@ def loss_mask(tokens: np.ndarray, begin_id: int, end_id: int, num_pad: int = 0) 
     if num_pad:
         mask[len(tokens) - num_pad :] = 0
     return mask
+
+
+def image_span(special_ids: dict[str, int], modality_ids: list[int], num_pad: int) -> list[int]:
+    """`<|media_begin|>image<|media_content|>`, num_pad `<|media_pad|>`, `<|media_end|>` as ids;
+    modality_ids are the BPE ids of the word "image" (as in Kimi-VL / K2.5)."""
+    return [special_ids["<|media_begin|>"], *modality_ids, special_ids["<|media_content|>"],
+            *[special_ids["<|media_pad|>"]] * num_pad, special_ids["<|media_end|>"]]
