@@ -13,6 +13,8 @@ FILE_READERS: dict[str, str] = {
     "jsonl": "datapipe.sources:read_jsonl",  # .jsonl, .jsonl.gz, .jsonl.zst
     "parquet": "datapipe.sources:read_parquet",
     "hf_disk": "datapipe.sources:read_hf_disk",  # a folder written by datasets' save_to_disk
+    "warc": "datapipe.warc:read_warc",  # WARC/ARC/WET, plain, gzip or lz4; HTML responses as kind "html"
+    "html": "datapipe.warc:read_html",  # saved pages (.html, .html.gz), one document each
 }
 
 # Generators: generate(source_config, seed, start, stop) -> Iterator[Document]; one task per range.
