@@ -41,7 +41,8 @@ def check_c4(text: str, cfg: C4) -> tuple[str, str]:
     for line in text.splitlines():
         line = line.strip()
         tokens = line.split()
-        if cfg.max_word_length != -1 and any(len(token) > cfg.max_word_length for token in tokens):
+        too_long = cfg.max_word_length != -1 and len(line) > cfg.max_word_length
+        if too_long and any(len(token) > cfg.max_word_length for token in tokens):
             continue
         if cfg.remove_citations:
             line = CITATION.sub("", line)

@@ -52,14 +52,19 @@ class GopherRepetition(Strict):
 
 def check_quality(text: str, words: list[str], cfg: GopherQuality) -> str:
     n_words, counts = len(words), Counter(words)  # per distinct word: ~40% of the tokens
-    n_real = sum(n for w, n in counts.items() if not is_symbol(w))
+    n_real = total_length = n_alpha = 0
+    for word, n in counts.items():
+        if not is_symbol(word):
+            n_real, total_length = n_real + n, total_length + len(word) * n
+        if has_letter(word):
+            n_alpha += n
     if cfg.min_doc_words and n_real < cfg.min_doc_words:
         return "word_count"
     if cfg.max_doc_words and n_real > cfg.max_doc_words:
         return "word_count"
     if not n_real:
         return "word_count"
-    mean_length = sum(len(w) * n for w, n in counts.items() if not is_symbol(w)) / n_real
+    mean_length = total_length / n_real
     if cfg.min_avg_word_length and mean_length < cfg.min_avg_word_length:
         return "mean_word_length"
     if cfg.max_avg_word_length and mean_length > cfg.max_avg_word_length:
@@ -68,7 +73,7 @@ def check_quality(text: str, words: list[str], cfg: GopherQuality) -> str:
         return "hash_ratio"
     if cfg.max_symbol_word_ratio and (text.count("...") + text.count("…")) / n_words > cfg.max_symbol_word_ratio:
         return "ellipsis_ratio"
-    return check_lines(text, cfg) or check_words(counts, n_words, cfg)
+    return check_lines(text, cfg) or check_words(counts, n_alpha / n_words, cfg)
 
 
 def check_lines(text: str, cfg: GopherQuality) -> str:
@@ -84,11 +89,9 @@ def check_lines(text: str, cfg: GopherQuality) -> str:
     return ""
 
 
-def check_words(counts: Counter, n_words: int, cfg: GopherQuality) -> str:
-    if cfg.min_alpha_words_ratio:
-        alpha = sum(n for w, n in counts.items() if has_letter(w))
-        if alpha / n_words < cfg.min_alpha_words_ratio:
-            return "alpha_words"
+def check_words(counts: Counter, alpha_ratio: float, cfg: GopherQuality) -> str:
+    if cfg.min_alpha_words_ratio and alpha_ratio < cfg.min_alpha_words_ratio:
+        return "alpha_words"
     if cfg.min_stop_words and sum(w in counts for w in cfg.stop_words) < cfg.min_stop_words:
         return "stop_words"
     return ""
@@ -130,21 +133,28 @@ def check_n_grams(words: list[str], n_chars: int, cfg: GopherRepetition) -> str:
     vocabulary = {w: i for i, w in enumerate(dict.fromkeys(words))}
     ids = np.fromiter(map(vocabulary.__getitem__, words), dtype=np.uint64, count=len(words))
     lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+    keys = NGramKeys(ids)
     for n, limit in cfg.top_n_grams:
-        if len(words) >= n and top_n_gram_chars(ids, lengths, n) / n_chars > limit:
+        if len(words) >= n and top_n_gram_chars(keys.of(n), lengths, n) / n_chars > limit:
             return f"top_{n}_gram"
     for n, limit in cfg.dup_n_grams:
-        if len(words) >= n and duplicate_n_gram_chars(ids, lengths, n, limit * n_chars) / n_chars > limit:
+        if len(words) >= n and duplicate_n_gram_chars(keys.of(n), lengths, n, limit * n_chars) / n_chars > limit:
             return f"duplicated_{n}_n_grams"
     return ""
 
 
-def n_gram_keys(ids: np.ndarray, n: int) -> np.ndarray:
-    """One 64-bit key per n-gram (polynomial hash of word ids; collisions ~n^2/2^64)."""
-    keys = np.zeros(len(ids) - n + 1, dtype=np.uint64)
-    for i in range(n):
-        keys = keys * np.uint64(1_000_003) + ids[i : len(ids) - n + 1 + i] + np.uint64(1)
-    return keys
+class NGramKeys:
+    """One 64-bit key per n-gram (polynomial hash of word ids; collisions ~len^2/2^64), built
+    from the (n-1)-gram keys so that all n up to 10 cost one pass each."""
+
+    def __init__(self, ids: np.ndarray):
+        self.ids, self.keys, self.n = ids, ids + np.uint64(1), 1
+
+    def of(self, n: int) -> np.ndarray:
+        while self.n < n:
+            self.keys = self.keys[:-1] * np.uint64(1_000_003) + self.ids[self.n :] + np.uint64(1)
+            self.n += 1
+        return self.keys
 
 
 def n_gram_chars(lengths: np.ndarray, n: int) -> np.ndarray:
@@ -152,9 +162,8 @@ def n_gram_chars(lengths: np.ndarray, n: int) -> np.ndarray:
     return cumulative[n:] - cumulative[:-n]
 
 
-def top_n_gram_chars(ids: np.ndarray, lengths: np.ndarray, n: int) -> int:
+def top_n_gram_chars(keys: np.ndarray, lengths: np.ndarray, n: int) -> int:
     """Characters of the most frequent n-gram (words joined by spaces) times its count."""
-    keys = n_gram_keys(ids, n)
     unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
     best = int(np.argmax(counts))  # ties: np.unique sorts by key, Counter by first seen; chars differ rarely
     ties = np.flatnonzero(counts == counts[best])
@@ -162,9 +171,8 @@ def top_n_gram_chars(ids: np.ndarray, lengths: np.ndarray, n: int) -> int:
     return int((n_gram_chars(lengths, n)[first[best]] + n - 1) * counts[best])
 
 
-def duplicate_n_gram_chars(ids: np.ndarray, lengths: np.ndarray, n: int, limit: float) -> int:
+def duplicate_n_gram_chars(keys: np.ndarray, lengths: np.ndarray, n: int, limit: float) -> int:
     """Characters in repeated n-grams, scanning left to right and jumping past each repeat."""
-    keys = n_gram_keys(ids, n)
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     repeated = first[inverse] < np.arange(len(keys))
     chars = n_gram_chars(lengths, n)
