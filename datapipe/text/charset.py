@@ -3,8 +3,10 @@
 Order, as browsers do it: a byte-order mark; the HTTP Content-Type charset; a <meta
 charset> or http-equiv in the first 4 KB. Labels map the WHATWG way (iso-8859-1 and
 ascii decode as windows-1252, gb2312/gbk as gb18030, shift_jis as cp932, a bogus
-"utf" as utf-8). A declared charset is trusted only if it decodes strictly: pages
-that declare iso-8859-1 but hold UTF-8 are common. With nothing declared (about 10%
+"utf" as utf-8). Bytes that are valid UTF-8 and not plain ASCII are read as UTF-8
+whatever the declaration says (pages that declare iso-8859-1 or shift_jis but hold
+UTF-8 are common; legacy text that is valid UTF-8 by chance is rare); otherwise a
+declared charset is used if it decodes strictly. With nothing declared (about 10%
 of the pages in shared/data/web_text) strict UTF-8 is tried, then the detector of
 resiliparse (uchardet-like, ~50 us a page). The last resort decodes with
 replacement characters, so no page is lost for its bytes. Returns (text, "how"),
@@ -34,13 +36,15 @@ def decode_html(data: bytes, content_type: str = "") -> tuple[str, str]:
         if data.startswith(bom):
             return data[len(bom) :].decode(name, "replace"), f"bom:{name}"
     declared = declared_charset(data, content_type)
+    text = try_decode(data, "utf-8")
+    if text is not None and (not declared or codec_name(declared) == "utf-8" or not data.isascii()):
+        # Non-ASCII bytes that form valid UTF-8 by chance are rare; wrong declarations are not.
+        return text, f"declared:{declared}" if codec_name(declared) == "utf-8" else (
+            f"utf-8 (declared {declared})" if declared else "utf-8")
     if declared:
         text = try_decode(data, codec_name(declared))
         if text is not None:
             return text, f"declared:{declared}"
-    text = try_decode(data, "utf-8")
-    if text is not None:
-        return text, "utf-8" if not declared else f"utf-8 (declared {declared})"
     detected = detect_charset(data)
     text = try_decode(data, detected)
     if text is not None:
