@@ -160,8 +160,12 @@ def add_stage(dataset, cfg: StageConfig):
 def map_documents(dataset, stage: Callable[[list[Document]], list[Document]], cfg: StageConfig):
     """`stage` (a picklable callable over documents) as a task operator with the runner's accounting."""
     resources = {"num_cpus": cfg.num_cpus} if cfg.num_cpus is not None else {}
-    return dataset.map_batches(apply_stage, fn_args=(stage, cfg.stage), batch_size=cfg.batch_size,
-                               batch_format="pyarrow", **resources)
+    return dataset.map_batches(run_callable_task, fn_kwargs={"stage": stage, "name": cfg.stage},
+                               batch_size=cfg.batch_size, batch_format="pyarrow", **resources)
+
+
+def run_callable_task(table, stage: Callable, name: str):
+    return apply_stage(stage, name, table)
 
 
 class StageActor:

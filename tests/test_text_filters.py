@@ -53,8 +53,6 @@ def test_good_text_passes_every_rule():
 
 
 @pytest.mark.parametrize("text,reason", [
-    ("A short note with only a few distinct words in it, far fewer than fifty, so not a document.",
-     "quality.gopher_quality.word_count"),
     ("\n".join(["Buy now and save big on everything today."] * 30), "quality.gopher_repetition.dup_line_frac"),
     (GOOD + "\n\nLorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod.", "quality.c4.lorem_ipsum"),
     (GOOD + "\n\nfunction f() { return the value of x; } is what the code does here.", "quality.c4.curly_bracket"),
@@ -62,6 +60,11 @@ def test_good_text_passes_every_rule():
 ])
 def test_each_failing_rule_names_itself(text, reason):
     assert run(quality, text)["reject"] == reason
+
+
+def test_short_documents_fail_word_count():
+    note = "A short note with only a few distinct words in it, far fewer than fifty, so not a document."
+    assert run(quality, note, gopher_repetition=None)["reject"] == "quality.gopher_quality.word_count"
 
 
 def test_short_lines_fail_fineweb_and_groups_can_be_switched_off():

@@ -140,7 +140,7 @@ def find_clusters(positions: np.ndarray, exact: np.ndarray, bands: np.ndarray,
     if cfg.near:
         for band in range(bands.shape[1]):
             join_equal(parent, bands[:, band])
-    roots = np.array([find(parent, i) for i in range(n)])
+    roots = np.array([find(parent, i) for i in range(n)], dtype=np.int64)
     sizes = np.bincount(roots, minlength=n)
     verdicts = {}
     for i in np.flatnonzero(sizes[roots] > 1):
