@@ -64,16 +64,20 @@ def run_ours(texts: list[str]) -> tuple[set[int], float]:
 
 def run_theirs(texts: list[str], work: Path) -> tuple[set[int], float]:
     from datatrove.executor import LocalPipelineExecutor
-    from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster,
-                                                  MinhashDedupFilter, MinhashDedupSignature)
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashConfig,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
+    )
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
 
     (work / "in").mkdir(parents=True)
     for part in range(WORKERS):
         with open(work / "in" / f"{part}.jsonl", "w") as out:
-            for i in range(part, len(texts), WORKERS):
-                out.write(json.dumps({"id": str(i), "text": texts[i]}) + "\n")
+            out.writelines(json.dumps({"id": str(i), "text": texts[i]}) + "\n" for i in range(part, len(texts), WORKERS))
     config = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8)
     reader = JsonlReader(str(work / "in"))
     steps = [
@@ -104,15 +108,15 @@ def jaccard(a: str, b: str) -> float:
 def score(removed, texts, base_count, copies, survivors=None) -> tuple[float, float]:
     planted = {base_count + k: original for k, (original, _) in enumerate(copies)}
     found = sum(copy in removed or original in removed for copy, original in planted.items())
-    true = 0
-    for doc in removed:
-        if doc in planted or any(doc == original for original in planted.values()):
-            true += 1
-        elif survivors is not None and jaccard(texts[doc], texts[survivors[doc]]) >= 0.7:
-            true += 1
-        elif survivors is None and any(jaccard(texts[doc], texts[other]) >= 0.7 for other in near(doc, texts)):
-            true += 1
+    true = sum(is_true_duplicate(doc, texts, planted, survivors) for doc in removed)
     return found / len(planted), true / max(len(removed), 1)
+
+
+def is_true_duplicate(doc: int, texts: list[str], planted: dict[int, int], survivors) -> bool:
+    if doc in planted or doc in set(planted.values()):
+        return True
+    others = [survivors[doc]] if survivors is not None else near(doc, texts)
+    return any(jaccard(texts[doc], texts[other]) >= 0.7 for other in others)
 
 
 def near(doc: int, texts: list[str]) -> list[int]:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from datapipe.schema import Document, new_document, new_reject
 from datapipe.text.charset import decode_html
@@ -118,7 +119,9 @@ def iter_lz4(raw) -> Iterator[bytes | str]:
         while block := raw.read(CHUNK):
             while block:
                 yield inflater.decompress(block)
-                block, inflater = (inflater.unused_data, lz4.frame.LZ4FrameDecompressor()) if inflater.eof else (b"", inflater)
+                if not inflater.eof:
+                    break
+                block, inflater = inflater.unused_data, lz4.frame.LZ4FrameDecompressor()
     except RuntimeError as err:
         yield f"read.warc_bad_lz4: {err}"
 

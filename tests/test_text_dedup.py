@@ -12,8 +12,10 @@ from datapipe.schema import new_document
 from datapipe.text.dedup import Config, find_clusters, make_stage
 from tests.test_warc import http_response, warc_record
 
-NOUNS = ("river town council school family home bridge water street engineer office owner floor mayor wall "
-         "promise result government money repair payment farmer valley field wheat weather week storm").split()
+NOUNS = (
+    "river town council school family home bridge water street engineer office owner floor mayor "
+    "wall promise result government money repair payment farmer valley field wheat weather week storm"
+).split()
 VERBS = "opened closed inspected cleaned counted promised built expected feared gave found moved".split()
 ADJECTIVES = "old new wet dry regional local first last higher lower busy quiet".split()
 

@@ -93,7 +93,7 @@ def test_chunked_body_is_joined_and_bad_chunking_rejected(tmp_path):
 
 
 def test_wet_and_arc_records(tmp_path):
-    (tmp_path / "x.wet").write_bytes(warc_record("Plain extracted text.".encode(), "http://e.com/", kind="conversion"))
+    (tmp_path / "x.wet").write_bytes(warc_record(b"Plain extracted text.", "http://e.com/", kind="conversion"))
     wet = read(tmp_path / "x.wet")
     assert wet[0]["kind"] == "text" and wet[0]["text"] == "Plain extracted text."
     response = http_response(PAGE.format("arc page").encode())
@@ -132,7 +132,7 @@ def test_undeclared_charsets_are_detected(charset, text):
 
 
 def test_wrong_declaration_falls_back_to_utf8():
-    decoded, how = decode_html('<meta charset="iso-8859-1"><p>日本</p>'.encode("utf-8").replace(b"iso-8859-1", b"shift_jis"))
+    decoded, how = decode_html('<meta charset="iso-8859-1"><p>日本</p>'.encode().replace(b"iso-8859-1", b"shift_jis"))
     assert "日本" in decoded
 
 
@@ -150,3 +150,16 @@ def test_real_archives_never_crash_and_account_for_bad_records():
     assert [d["reject"] for d in results["warcio__example.arc"]] == [""]
     assert len([d for d in results["chatnoir-resiliparse__warcfile.warc.lz4"] if not d["reject"]]) >= 10
     json.dumps([d["meta"] for docs in results.values() for d in docs])  # meta stays JSON-safe
+
+
+PAGES = SHARED.parent / "html_pages"
+
+
+@pytest.mark.skipif(not PAGES.is_dir(), reason="needs ../shared/data/web_text/html_pages (the shared data folder)")
+def test_real_pages_in_many_charsets_decode_without_replacement_characters():
+    docs = [next(read_html(SOURCE, str(path))) for path in sorted(PAGES.rglob("*.html.gz"))]
+    assert len(docs) >= 500 and not any(d["reject"] for d in docs)
+    how = {d["meta"]["charset"].split(":")[0] for d in docs}
+    assert {"declared", "utf-8"} <= how
+    legacy = [d for d in docs if d["meta"]["charset"].startswith("declared:") and "utf" not in d["meta"]["charset"]]
+    assert len(legacy) >= 5 and all("\ufffd" not in d["text"] for d in legacy)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -51,7 +52,8 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
         exact = np.array([r[0] for r in rows], np.uint64)
         bands = np.array([r[1] for r in rows], np.uint64).reshape(len(rows), cfg.bands)
         verdicts = find_clusters(np.arange(len(docs)), exact, bands, cfg)
-        return Verdicts({docs[p]["id"]: (reason, docs[s]["id"], size) for p, (reason, s, size) in verdicts.items()})(docs)
+        by_id = {docs[p]["id"]: (reason, docs[s]["id"], size) for p, (reason, s, size) in verdicts.items()}
+        return Verdicts(by_id)(docs)
 
     return dedup_batch
 

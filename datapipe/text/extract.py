@@ -14,7 +14,8 @@ Documents of other kinds pass untouched; a page with no text left is rejected
 """
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from pydantic import Field
 

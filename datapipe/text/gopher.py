@@ -14,13 +14,12 @@ runs only when an upper bound (every repeated position) could cross the threshol
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import numpy as np
 from pydantic import Field
 
 from datapipe.config import Strict
-from collections import Counter
-
 from datapipe.text.words import has_letter, is_symbol
 
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")

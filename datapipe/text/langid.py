@@ -11,9 +11,10 @@ FineWeb keeps English at score >= 0.65.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import Field
 

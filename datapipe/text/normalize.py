@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from pydantic import Field
 

@@ -10,7 +10,7 @@ range. The counts go to meta["pii"] (only kinds found); nothing is rejected.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from datapipe.config import StageConfig
 from datapipe.schema import Document

@@ -8,7 +8,7 @@ null in the recipe to skip it. Thresholds are the published ones (see each modul
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from datapipe.config import StageConfig
 from datapipe.schema import Document

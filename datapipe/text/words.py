@@ -31,48 +31,56 @@ INFIX = re.compile(
     r"\.\.+|…|(?<=[0-9])[+\-*^](?=[0-9-])|(?<=[a-z'\"”“’])\.(?=[A-Z'\"”“’])|(?<=[^\W\d_]),(?=[^\W\d_])"
     r"|(?<=[^\W_])(?:---|--|——|-|–|—|~)(?=[^\W\d_])|(?<=[^\W_])[:<>=/](?=[^\W\d_])"
 )
-URL = re.compile(r"^(?:https?://|www\.)\S*[\w/=#-]$|^[\w.+-]+@[\w-]+(?:\.[\w-]+)+$|^[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|edu|gov|io|de|uk|fr)$")
+URL = re.compile(
+    r"^(?:https?://|www\.)\S*[\w/=#-]$"  # a URL, trailing punctuation peeled as suffixes
+    r"|^[\w.+-]+@[\w-]+(?:\.[\w-]+)+$"  # an e-mail address
+    r"|^[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|edu|gov|io|de|uk|fr)$"  # a bare domain
+)
 CONTRACTION = re.compile(
     r"^((?i:do|does|did|is|are|was|were|has|have|had|could|would|should|must|need|might|ca|wo|ai|sha|dare))(n['’]t)$"
     r"|^((?i:i|you|he|she|it|we|they|that|there|who|what|where|how|here|this))(['’](?i:re|m|ve|ll|d))$"
 )
 # English abbreviations that keep their period, and contractions written without an apostrophe
 # (spaCy's English exception tables, lower-cased forms match any capitalization).
-ABBREVIATIONS = frozenset((
-    "Adm. Ak. Ala. Apr. Ariz. Ark. Aug. Bros. Calif. Co. Colo. Conn. Corp. D.C. Dec. Del. Dr. E.G. E.g. "
-    "Feb. Fla. Ga. Gen. Gov. I.E. I.e. Ia. Id. Ill. Inc. Ind. Jan. Jr. Jul. Jun. Kan. Kans. Ky. La. Ltd. "
-    "Mar. Mass. Md. Messrs. Mich. Minn. Miss. Mo. Mont. Mr. Mrs. Ms. Mt. N.C. N.D. N.H. N.J. N.M. N.Y. "
-    "Neb. Nebr. Nev. Nov. Oct. Okla. Ore. Pa. Ph.D. Prof. Rep. Rev. S.C. Sen. Sep. Sept. St. Tenn. Va. "
-    "Wash. Wis. a. a.m. b. c. co. d. e. e.g. f. g. h. i. i.e. j. k. l. m. n. o. p. p.m. q. r. s. t. u. v. "
-    "v.s. vs. w. x. y. z. ä. ö. ü. "
-).split())
-BARE_CONTRACTIONS = dict(item.split(":") for item in (
-    "aint:ai nt|arent:are nt|cannot:can not|cant:ca nt|cantve:ca nt ve|couldnt:could nt|couldntve:could"
-    "nt ve|couldve:could ve|darent:dare nt|didnt:did nt|didntve:did nt ve|doesnt:does nt|doesntve:does nt"
-    "ve|dont:do nt|dontve:do nt ve|gonna:gon na|gotta:got ta|hadnt:had nt|hadntve:had nt ve|hasnt:has"
-    "nt|havent:have nt|hed:he d|hedve:he d ve|hellve:he ll ve|hes:he s|howd:how d|howdve:how d"
-    "ve|howll:how ll|howllve:how ll ve|howre:how re|hows:how s|howve:how ve|id:i d|idve:i d ve|illve:i ll"
-    "ve|im:i m|ima:i m a|isnt:is nt|itd:it d|itdve:it d ve|itll:it ll|itllve:it ll ve|ive:i ve|maynt:may"
-    "nt|mayntve:may nt ve|mightnt:might nt|mightntve:might nt ve|mightve:might ve|mustnt:must"
-    "nt|mustntve:must nt ve|mustve:must ve|neednt:need nt|needntve:need nt ve|notve:not ve|oughtnt:ought"
-    "nt|oughtntve:ought nt ve|shant:sha nt|shantve:sha nt ve|shedve:she d ve|shellve:she ll ve|shes:she"
-    "s|shouldnt:should nt|shouldntve:should nt ve|shouldve:should ve|thatd:that d|thatdve:that d"
-    "ve|thatll:that ll|thatllve:that ll ve|thats:that s|thered:there d|theredve:there d ve|therell:there"
-    "ll|therellve:there ll ve|therere:there re|theres:there s|thereve:there ve|thesed:these"
-    "d|thesedve:these d ve|thesell:these ll|thesellve:these ll ve|thesere:these re|theseve:these"
-    "ve|theyd:they d|theydve:they d ve|theyll:they ll|theyllve:they ll ve|theyre:they re|theyve:they"
-    "ve|thisd:this d|thisdve:this d ve|thisll:this ll|thisllve:this ll ve|thiss:this s|thosed:those"
-    "d|thosedve:those d ve|thosell:those ll|thosellve:those ll ve|thosere:those re|thoseve:those"
-    "ve|wasnt:was nt|wed:we d|wedve:we d ve|wellve:we ll ve|werent:were nt|weve:we ve|whatd:what"
-    "d|whatdve:what d ve|whatll:what ll|whatllve:what ll ve|whatre:what re|whats:what s|whatve:what"
-    "ve|whend:when d|whendve:when d ve|whenll:when ll|whenllve:when ll ve|whenre:when re|whens:when"
-    "s|whenve:when ve|whered:where d|wheredve:where d ve|wherell:where ll|wherellve:where ll"
-    "ve|wherere:where re|wheres:where s|whereve:where ve|whod:who d|whodve:who d ve|wholl:who"
-    "ll|whollve:who ll ve|whos:who s|whove:who ve|whyd:why d|whydve:why d ve|whyll:why ll|whyllve:why ll"
-    "ve|whyre:why re|whys:why s|whyve:why ve|wont:wo nt|wontve:wo nt ve|wouldnt:would nt|wouldntve:would"
-    "nt ve|wouldve:would ve|yall:y all|youd:you d|youdve:you d ve|youll:you ll|youllve:you ll"
-    "ve|youre:you re|youve:you ve"
-).split("|"))
+ABBREVIATIONS = frozenset([
+    "Adm.", "Ak.", "Ala.", "Apr.", "Ariz.", "Ark.", "Aug.", "Bros.", "Calif.", "Co.", "Colo.", "Conn.", "Corp.",
+    "D.C.", "Dec.", "Del.", "Dr.", "E.G.", "E.g.", "Feb.", "Fla.", "Ga.", "Gen.", "Gov.", "I.E.", "I.e.", "Ia.",
+    "Id.", "Ill.", "Inc.", "Ind.", "Jan.", "Jr.", "Jul.", "Jun.", "Kan.", "Kans.", "Ky.", "La.", "Ltd.", "Mar.",
+    "Mass.", "Md.", "Messrs.", "Mich.", "Minn.", "Miss.", "Mo.", "Mont.", "Mr.", "Mrs.", "Ms.", "Mt.", "N.C.",
+    "N.D.", "N.H.", "N.J.", "N.M.", "N.Y.", "Neb.", "Nebr.", "Nev.", "Nov.", "Oct.", "Okla.", "Ore.", "Pa.",
+    "Ph.D.", "Prof.", "Rep.", "Rev.", "S.C.", "Sen.", "Sep.", "Sept.", "St.", "Tenn.", "Va.", "Wash.", "Wis.", "a.",
+    "a.m.", "b.", "c.", "co.", "d.", "e.", "e.g.", "f.", "g.", "h.", "i.", "i.e.", "j.", "k.", "l.", "m.", "n.",
+    "o.", "p.", "p.m.", "q.", "r.", "s.", "t.", "u.", "v.", "v.s.", "vs.", "w.", "x.", "y.", "z.", "ä.", "ö.", "ü.",
+])
+BARE_CONTRACTIONS = dict(item.split(":") for item in [
+    "aint:ai nt", "arent:are nt", "cannot:can not", "cant:ca nt", "cantve:ca nt ve", "couldnt:could nt",
+    "couldntve:couldnt ve", "couldve:could ve", "darent:dare nt", "didnt:did nt", "didntve:did nt ve",
+    "doesnt:does nt", "doesntve:does ntve", "dont:do nt", "dontve:do nt ve", "gonna:gon na", "gotta:got ta",
+    "hadnt:had nt", "hadntve:had nt ve", "hasnt:hasnt", "havent:have nt", "hed:he d", "hedve:he d ve",
+    "hellve:he ll ve", "hes:he s", "howd:how d", "howdve:how dve", "howll:how ll", "howllve:how ll ve",
+    "howre:how re", "hows:how s", "howve:how ve", "id:i d", "idve:i d ve", "illve:i llve", "im:i m", "ima:i m a",
+    "isnt:is nt", "itd:it d", "itdve:it d ve", "itll:it ll", "itllve:it ll ve", "ive:i ve", "maynt:maynt",
+    "mayntve:may nt ve", "mightnt:might nt", "mightntve:might nt ve", "mightve:might ve", "mustnt:mustnt",
+    "mustntve:must nt ve", "mustve:must ve", "neednt:need nt", "needntve:need nt ve", "notve:not ve",
+    "oughtnt:oughtnt", "oughtntve:ought nt ve", "shant:sha nt", "shantve:sha nt ve", "shedve:she d ve",
+    "shellve:she ll ve", "shes:shes", "shouldnt:should nt", "shouldntve:should nt ve", "shouldve:should ve",
+    "thatd:that d", "thatdve:that dve", "thatll:that ll", "thatllve:that ll ve", "thats:that s", "thered:there d",
+    "theredve:there d ve", "therell:therell", "therellve:there ll ve", "therere:there re", "theres:there s",
+    "thereve:there ve", "thesed:thesed", "thesedve:these d ve", "thesell:these ll", "thesellve:these ll ve",
+    "thesere:these re", "theseve:theseve", "theyd:they d", "theydve:they d ve", "theyll:they ll",
+    "theyllve:they ll ve", "theyre:they re", "theyve:theyve", "thisd:this d", "thisdve:this d ve", "thisll:this ll",
+    "thisllve:this ll ve", "thiss:this s", "thosed:thosed", "thosedve:those d ve", "thosell:those ll",
+    "thosellve:those ll ve", "thosere:those re", "thoseve:thoseve", "wasnt:was nt", "wed:we d", "wedve:we d ve",
+    "wellve:we ll ve", "werent:were nt", "weve:we ve", "whatd:whatd", "whatdve:what d ve", "whatll:what ll",
+    "whatllve:what ll ve", "whatre:what re", "whats:what s", "whatve:whatve", "whend:when d", "whendve:when d ve",
+    "whenll:when ll", "whenllve:when ll ve", "whenre:when re", "whens:whens", "whenve:when ve", "whered:where d",
+    "wheredve:where d ve", "wherell:where ll", "wherellve:where llve", "wherere:where re", "wheres:where s",
+    "whereve:where ve", "whod:who d", "whodve:who d ve", "wholl:wholl", "whollve:who ll ve", "whos:who s",
+    "whove:who ve", "whyd:why d", "whydve:why d ve", "whyll:why ll", "whyllve:why llve", "whyre:why re",
+    "whys:why s", "whyve:why ve", "wont:wo nt", "wontve:wo nt ve", "wouldnt:would nt", "wouldntve:wouldnt ve",
+    "wouldve:would ve", "yall:y all", "youd:you d", "youdve:you d ve", "youll:you ll", "youllve:you llve",
+    "youre:you re", "youve:you ve",
+])
 TIME = re.compile(r"^(1[0-2]|[1-9])(am|pm|a\.m\.|p\.m\.)$", re.IGNORECASE)
 
 
@@ -173,7 +181,10 @@ def is_punct(word: str) -> bool:
 
 
 # Single-character sentence ends (Latin, Arabic, Devanagari, CJK, Ethiopic, Armenian...).
-SENTENCE_FINAL = frozenset("!.?։؟۔܀܁܂߹।॥၊။።፧፨᙮᜵᜶᠃᠉᥄᥅᪨᪩᪪᪫᭚᭛᭞᭟᰻᰼᱾᱿‼‽⁇⁈⁉⸮⸼꓿꘎꘏꛳꛷꡶꡷꣎꣏꤯꧈꧉꩝꩞꩟꫰꫱꯫﹒﹖﹗！．？｡。")
+SENTENCE_FINAL = frozenset(
+    "!.?։؟۔܀܁܂߹।॥၊။።፧፨᙮᜵᜶᠃᠉᥄᥅᪨᪩᪪᪫᭚᭛᭞᭟᰻᰼"
+    "᱾᱿‼‽⁇⁈⁉⸮⸼꓿꘎꘏꛳꛷꡶꡷꣎꣏꤯꧈꧉꩝꩞꩟꫰꫱꯫﹒﹖﹗！．？｡。"
+)
 
 
 def terminal_punctuation() -> frozenset[str]:
