@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from itertools import compress
+from operator import mul
 
 import numpy as np
 from pydantic import Field
 
 from datapipe.config import Strict
-from datapipe.text.words import has_letter, is_symbol
+from datapipe.text.words import LETTER, REAL, word_flags
 
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 PARAGRAPH_BREAK = re.compile(r"\n{2,}")
@@ -50,13 +52,13 @@ class GopherRepetition(Strict):
 
 
 def check_quality(text: str, words: list[str], cfg: GopherQuality) -> str:
-    n_words, counts = len(words), Counter(words)  # per distinct word: ~40% of the tokens
-    n_real = total_length = n_alpha = 0
-    for word, n in counts.items():
-        if not is_symbol(word):
-            n_real, total_length = n_real + n, total_length + len(word) * n
-        if has_letter(word):
-            n_alpha += n
+    n_words, counts = len(words), Counter(words)  # per distinct word (~40% of the tokens), in C loops
+    distinct, times = list(counts), list(counts.values())
+    flags = word_flags(distinct)
+    real = [flag & REAL for flag in flags]
+    n_real = sum(compress(times, real))
+    total_length = sum(map(mul, map(len, compress(distinct, real)), compress(times, real)))
+    n_alpha = sum(compress(times, [flag & LETTER for flag in flags]))
     if cfg.min_doc_words and n_real < cfg.min_doc_words:
         return "word_count"
     if cfg.max_doc_words and n_real > cfg.max_doc_words:
@@ -133,11 +135,27 @@ def check_n_grams(words: list[str], n_chars: int, cfg: GopherRepetition) -> str:
     ids = np.fromiter(map(vocabulary.__getitem__, words), dtype=np.uint64, count=len(words))
     lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
     keys = NGramKeys(ids)
-    for n, limit in cfg.top_n_grams:
-        if len(words) >= n and top_n_gram_chars(keys.of(n), lengths, n) / n_chars > limit:
+    most = None  # the top count of the shortest n checked: no longer n-gram occurs more often
+    for n, limit in sorted(cfg.top_n_grams):
+        if len(words) < n:
+            continue
+        if most is not None and most * (n_gram_chars(lengths, n).max() + n - 1) <= limit * n_chars:
+            continue
+        chars, count = top_n_gram_chars(keys.of(n), lengths, n)
+        most = count if most is None else most
+        if chars / n_chars > limit:
             return f"top_{n}_gram"
-    for n, limit in cfg.dup_n_grams:
-        if len(words) >= n and duplicate_n_gram_chars(keys.of(n), lengths, n, limit * n_chars) / n_chars > limit:
+    repeats = None  # positions whose shortest checked n-gram repeats: a superset for longer n
+    for n, limit in sorted(cfg.dup_n_grams):
+        if len(words) < n:
+            continue
+        if repeats is not None:
+            candidates = repeats[repeats <= len(words) - n]
+            if n_gram_chars(lengths, n)[candidates].sum() <= limit * n_chars:
+                continue  # even if every earlier repeat still repeats at this n, the rule passes
+        order, starts = sorted_runs(keys.of(n))
+        repeats = np.sort(order[~starts]) if repeats is None else repeats
+        if duplicate_n_gram_chars(keys.of(n), lengths, n, limit * n_chars, order, starts) / n_chars > limit:
             return f"duplicated_{n}_n_grams"
     return ""
 
@@ -161,22 +179,34 @@ def n_gram_chars(lengths: np.ndarray, n: int) -> np.ndarray:
     return cumulative[n:] - cumulative[:-n]
 
 
-def top_n_gram_chars(keys: np.ndarray, lengths: np.ndarray, n: int) -> int:
-    """Characters of the most frequent n-gram (words joined by spaces) times its count."""
-    unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
-    best = int(np.argmax(counts))  # ties: np.unique sorts by key, Counter by first seen; chars differ rarely
-    ties = np.flatnonzero(counts == counts[best])
-    best = ties[np.argmin(first[ties])]
-    return int((n_gram_chars(lengths, n)[first[best]] + n - 1) * counts[best])
+def sorted_runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One stable sort: positions ordered by key (ties by position) and where each run of equal keys starts."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    starts = np.empty(len(keys), dtype=bool)
+    starts[0] = True
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=starts[1:])
+    return order, starts
 
 
-def duplicate_n_gram_chars(keys: np.ndarray, lengths: np.ndarray, n: int, limit: float) -> int:
+def top_n_gram_chars(keys: np.ndarray, lengths: np.ndarray, n: int) -> tuple[int, int]:
+    """(characters of the most frequent n-gram, words joined by spaces, times its count; that
+    count); ties go to the n-gram seen first, as Counter.most_common does."""
+    order, starts = sorted_runs(keys)
+    firsts = order[starts]  # first position of each distinct n-gram
+    counts = np.diff(np.append(np.flatnonzero(starts), len(keys)))
+    best = np.flatnonzero(counts == counts.max())
+    first = int(firsts[best].min())
+    return int((n_gram_chars(lengths, n)[first] + n - 1) * counts.max()), int(counts.max())
+
+
+def duplicate_n_gram_chars(keys: np.ndarray, lengths: np.ndarray, n: int, limit: float,
+                           order: np.ndarray, starts: np.ndarray) -> int:
     """Characters in repeated n-grams, scanning left to right and jumping past each repeat."""
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    repeated = first[inverse] < np.arange(len(keys))
     chars = n_gram_chars(lengths, n)
-    if chars[repeated].sum() <= limit:  # every repeat counted cannot cross the threshold: pass
-        return int(chars[repeated].sum())
+    bound = int(chars[order[~starts]].sum())  # every repeat, counted: at least what the scan finds
+    if bound <= limit:
+        return bound
     seen: set[int] = set()
     total, idx, keys_list = 0, 0, keys.tolist()
     while idx < len(keys_list):
