@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from functools import lru_cache
 from collections.abc import Callable
 from typing import Any
 
@@ -106,20 +107,25 @@ def signature_row(text: str, cfg: Config) -> tuple[int, list[int]]:
 
 
 def minhash(normalized: str, cfg: Config) -> np.ndarray:
-    """bands*rows minima of (a*h + b) mod (2^61 - 1) over the shingle hashes h."""
+    """bands*rows minima of (a*h + b) mod (2^61 - 1) over the shingle hashes h. A shingle's hash
+    combines the 64-bit xxhash of its words polynomially, vectorized over the document."""
     import xxhash
 
-    words = WORD.findall(normalized)
-    n = min(cfg.ngram_size, max(len(words), 1))
-    shingles = {" ".join(words[i : i + n]) for i in range(max(len(words) - n + 1, 1))}
-    hashes = np.fromiter((xxhash.xxh64_intdigest(s) & 0x1FFFFFFFFFFFFFFF for s in shingles), np.uint64,
-                         count=len(shingles))
+    words = WORD.findall(normalized) or [""]
+    vocabulary = {word: xxhash.xxh64_intdigest(word) for word in dict.fromkeys(words)}
+    ids = np.fromiter(map(vocabulary.__getitem__, words), np.uint64, count=len(words))
+    n = min(cfg.ngram_size, len(words))
+    keys = ids[: len(ids) - n + 1].copy()
+    for i in range(1, n):
+        keys = keys * np.uint64(0x100000001B3) + ids[i : len(ids) - n + 1 + i]
+    hashes = np.unique(keys) & np.uint64((1 << 61) - 1)
     a, b = permutations(cfg.bands * cfg.rows, cfg.seed)
     # (a*h + b) mod p with 64-bit wraparound is not exact modular arithmetic, but it is a
     # fixed random-looking function per permutation, which is all MinHash needs.
     return ((hashes[:, None] * a + b) % MERSENNE).min(axis=0)
 
 
+@lru_cache(maxsize=8)
 def permutations(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return (rng.integers(1, 1 << 61, count, dtype=np.uint64), rng.integers(0, 1 << 61, count, dtype=np.uint64))

@@ -93,6 +93,11 @@ def split_words(text: str) -> list[str]:
 def split_chunk(chunk: str) -> tuple[str, ...]:
     if (chunk.isalpha() and chunk.lower() not in BARE_CONTRACTIONS) or chunk.isdigit():
         return (chunk,)
+    head, last = chunk[:-1], chunk[-1]
+    simple = head.isdigit() or (head.isalpha() and head.lower() not in BARE_CONTRACTIONS)
+    if simple and (last in ",;:!?)]}\"" or (last == "." and head[-1].islower() | head[-1].isdigit()
+                                            and chunk not in ABBREVIATIONS)):
+        return head, last  # "word," "word." "2019." (~60% of the other chunks)
     prefixes: list[str] = []
     suffixes: list[str] = []
     while chunk and not is_whole(chunk):
@@ -146,8 +151,14 @@ def word_flags(words: list[str]) -> list[int]:
             FLAG_CACHE.clear()
         for i, word in enumerate(words):
             if flags[i] is None:
-                flags[i] = FLAG_CACHE[word] = (0 if is_symbol(word) else REAL) | (LETTER if has_letter(word) else 0)
+                flags[i] = FLAG_CACHE[word] = compute_flags(word)
     return flags
+
+
+def compute_flags(word: str) -> int:
+    if word.isalnum():  # letters and digits only: a letter unless every character is numeric
+        return REAL | (0 if word.isnumeric() else LETTER)
+    return (0 if is_symbol(word) else REAL) | (LETTER if has_letter(word) else 0)
 
 
 def cut(chunk: str, parts: list[str]) -> list[str]:
