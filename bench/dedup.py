@@ -6,8 +6,10 @@ swapped where there are two or more. The median true word-5-gram Jaccard of the 
 pairs is printed; at 14 bands x 8 rows pairs above ~0.8 are found with probability > 0.95.
 Both sides: 5-gram shingles, 14 bands x 8 rows, 2 workers, end to end (signatures,
 buckets, clusters, verdicts); datatrove through its LocalPipelineExecutor (JSONL in,
-kept JSONL out, on local disk), ours through the stage's functions in a pool of 2
-(signatures) and the driver (clusters). Recall: planted copies removed (or their
+kept JSONL out, on local disk); ours through the datapipe runner on a local 2-CPU Ray
+(JSONL source, the global dedup stage, every document consumed by the driver; Ray's
+start-up is not counted), and, for reference, through the stage's functions alone in a
+pool of 2 (signatures) and the driver (clusters). Recall: planted copies removed (or their
 original, one of the pair) / planted. Precision: removed documents that are planted
 copies or whose true word-5-gram Jaccard with their cluster's survivor is >= 0.7 /
 removed. Run: .venv/bin/python bench/dedup.py   (make bench-deps first)
@@ -65,6 +67,27 @@ def run_ours(texts: list[str]) -> tuple[set[int], float]:
     bands = np.array([r[1] for r in rows], np.uint64)
     verdicts = find_clusters(np.arange(len(texts)), exact, bands, Config(stage="dedup"))
     removed = {p: survivor for p, (reason, survivor, _) in verdicts.items() if reason}
+    return removed, time.perf_counter() - started
+
+
+def run_ours_on_ray(texts: list[str], work: Path) -> tuple[dict[int, int], float]:
+    from datapipe.config import RayConfig, validate_recipe
+    from datapipe.runner import build_plan, connect
+    from datapipe.schema import docs_from_table
+    from datapipe.text.dedup import Config
+
+    path = work / "docs.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
+    raw = {"name": "bench", "sources": [{"name": "b", "type": "jsonl", "paths": [str(path)], "id_field": "id"}],
+           "stages": [{"stage": "tokenize"}]}
+    recipe = validate_recipe(raw).model_copy(update={"stages": [Config(stage="dedup")]})
+    connect(RayConfig(num_cpus=WORKERS, object_store_mb=512), None)
+    started = time.perf_counter()
+    removed = {}
+    for table in build_plan(recipe).iter_batches(batch_format="pyarrow", batch_size=None):
+        for doc in docs_from_table(table):
+            if doc["reject"]:
+                removed[int(doc["source_id"])] = int(doc["meta"]["dedup"]["cluster"].split("/")[-1])
     return removed, time.perf_counter() - started
 
 
@@ -137,14 +160,17 @@ def main() -> None:
     base = [json.loads(line)["text"] for line in gzip.open(DATA)]
     copies = plant(base)
     texts = base + [text for _, text in copies]
-    removed_ours, ours_s = run_ours(texts)
+    removed_direct, direct_s = run_ours(texts)
     with tempfile.TemporaryDirectory() as work:
-        removed_theirs, theirs_s = run_theirs(texts, Path(work))
+        removed_ours, ours_s = run_ours_on_ray(texts, Path(work))
+        removed_theirs, theirs_s = run_theirs(texts, Path(work) / "datatrove")
     recall, precision = score(set(removed_ours), texts, len(base), copies, removed_ours)
     their_recall, their_precision = score(removed_theirs, texts, len(base), copies)
     ours_rate, theirs_rate = len(texts) / ours_s, len(texts) / theirs_s
     similarity = float(np.median([jaccard(base[i], text) for i, text in copies]))
-    print(f"ours: removed {len(removed_ours)} in {ours_s:.1f} s; datatrove: removed {len(removed_theirs)} in "
+    assert removed_direct == removed_ours, "the runner and the stage functions disagree"
+    print(f"ours on Ray: removed {len(removed_ours)} in {ours_s:.1f} s (stage functions alone: {direct_s:.1f} s); "
+          f"datatrove: removed {len(removed_theirs)} in "
           f"{theirs_s:.1f} s (recall {their_recall:.3f}, precision {their_precision:.3f})")
     print(f"bench dedup: docs={len(texts)} planted={len(copies)} planted_median_jaccard={similarity:.2f} "
           f"workers={WORKERS} docs_per_s={ours_rate:.0f} "
