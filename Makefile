@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # System packages: the venv module, and Cairo for cairosvg.
 APT_PACKAGES := python3-venv python3-dev libcairo2
 
-.PHONY: demo test install system-deps lint bench clean
+.PHONY: demo test install system-deps lint bench bench-deps clean
 
 demo: install
 	$(BIN)/datapipe run recipes/demo.yaml
@@ -32,6 +32,10 @@ system-deps:
 	if [ "$$(id -u)" != 0 ]; then echo "missing system packages; run:  sudo apt-get update && sudo apt-get install -y $$missing  then make again"; exit 1; fi; \
 	echo "installing system packages: $$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing
+
+# Benchmark peers (datatrove + spacy), kept out of the core install.
+bench-deps: install
+	$(BIN)/python -m pip install -q -e '.[bench]'
 
 lint: install
 	$(BIN)/ruff check datapipe renderers tokenizer tests bench
