@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # System packages: the venv module, and Cairo for cairosvg.
 APT_PACKAGES := python3-venv python3-dev libcairo2
 
-.PHONY: demo test install system-deps lint bench clean
+.PHONY: demo test install system-deps lint bench bench-deps clean
 
 demo: install
 	$(BIN)/datapipe run recipes/demo.yaml
@@ -22,8 +22,7 @@ $(STAMP): pyproject.toml Makefile | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0  # the CPU build on local disk; the extras' torch range would pull CUDA
-	$(BIN)/python -m pip install -q -e '.[all]'
-	$(BIN)/python -m pip install -q --no-deps mosaicml-streaming==0.13.0  # bench/stream.py's peer; deps in [bench]
+	$(BIN)/python -m pip install -q -e '.[dev,torch]'
 	touch $(STAMP)
 
 # Installs what is missing as root; otherwise prints the one command to run.
@@ -34,6 +33,11 @@ system-deps:
 	if [ "$$(id -u)" != 0 ]; then echo "missing system packages; run:  sudo apt-get update && sudo apt-get install -y $$missing  then make again"; exit 1; fi; \
 	echo "installing system packages: $$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing
+
+# Benchmark peers (datatrove + spacy, MosaicML streaming), kept out of the core install.
+bench-deps: install
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m pip install -q --no-deps mosaicml-streaming==0.13.0  # bench/stream.py's peer; its deps are in [bench]
 
 lint: install
 	$(BIN)/ruff check datapipe renderers tokenizer tests bench

@@ -1,5 +1,6 @@
 """Loader throughput: datapipe.stream against `cat`, webdataset and MosaicML streaming, on the same samples.
 
+    make bench-deps   # once: webdataset's and MosaicML streaming's peers
     .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 4096] [--per-shard 256] [--repeats 5]
 
 Writes packed samples (lognormal document lengths, as the packer makes them) with our
@@ -64,7 +65,10 @@ def import_streaming():
     # streaming/__init__ imports its vision datasets, which need torchvision; PyPI's torchvision is
     # built against CUDA torch and fails to load beside the CPU build. The text path never uses it.
     sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
-    import streaming
+    try:
+        import streaming
+    except ImportError as err:
+        raise SystemExit(f"bench/stream.py compares with MosaicML streaming: run `make bench-deps` first ({err})")
 
     return streaming
 

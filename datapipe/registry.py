@@ -13,6 +13,8 @@ FILE_READERS: dict[str, str] = {
     "jsonl": "datapipe.sources:read_jsonl",  # .jsonl, .jsonl.gz, .jsonl.zst
     "parquet": "datapipe.sources:read_parquet",
     "hf_disk": "datapipe.sources:read_hf_disk",  # a folder written by datasets' save_to_disk
+    "warc": "datapipe.warc:read_warc",  # WARC/ARC/WET, plain, gzip or lz4; HTML responses as kind "html"
+    "html": "datapipe.warc:read_html",  # saved pages (.html, .html.gz), one document each
 }
 
 # Generators: generate(source_config, seed, start, stop) -> Iterator[Document]; one task per range.
@@ -27,6 +29,11 @@ SOURCES: dict[str, str] = {**FILE_READERS, **GENERATORS}
 # returns a callable from a list of documents to a list of documents.
 STAGES: dict[str, str] = {
     "normalize": "datapipe.text.normalize",
+    "extract": "datapipe.text.extract",  # HTML -> main text (resiliparse / trafilatura)
+    "langid": "datapipe.text.langid",  # fastText lid.176: meta language + score, filter
+    "quality": "datapipe.text.quality",  # Gopher quality + repetition, C4, FineWeb rules
+    "pii": "datapipe.text.pii",  # e-mails, IPs, phone numbers -> typed placeholders
+    "dedup": "datapipe.text.dedup",  # exact + MinHash-LSH, global (transform_dataset)
     "tokenize": "tokenizer.stage",
 }
 

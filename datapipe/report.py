@@ -4,6 +4,11 @@ Every record that leaves the plan is counted exactly once: as written (packed in
 sample) or rejected under its reason. Records made by a stage (a rewrite, a render)
 carry meta["derived_from"] and count as created, so for every run
 records_in + created == written + rejected; `balanced` in stats.json says it held.
+
+Per stage, documents in = kept + rejected, with their UTF-8 bytes as the stage saw them
+(meta["bytes_in"], set by the runner); per reject reason (one per filter rule), the
+documents and bytes it dropped; the languages of written documents (meta["language"]);
+and histograms of text length in characters, written and rejected.
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from rich.table import Table
 
 from datapipe.schema import Document
 
+LENGTH_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)  # characters; x4 steps from a tweet to a book chapter
+
 
 class RunStats:
     def __init__(self, recipe_name: str):
@@ -30,6 +37,11 @@ class RunStats:
         self.rejected: Counter[str] = Counter()  # by reason
         self.stage_passed: Counter[str] = Counter()  # by stage: records it kept
         self.stage_rejected: Counter[str] = Counter()  # by stage: records it rejected
+        self.stage_bytes_in: Counter[str] = Counter()  # by stage: UTF-8 bytes of the records it saw
+        self.stage_bytes_rejected: Counter[str] = Counter()  # by stage: bytes of the records it rejected
+        self.rejected_bytes: Counter[str] = Counter()  # by reason
+        self.languages: Counter[str] = Counter()  # written records by meta["language"]
+        self.lengths = {"written": Counter(), "rejected": Counter()}  # by length_bucket(len(text))
         self.tokens = 0
         self.packing: dict[str, Any] = {}
         self.wall_s = 0.0
@@ -38,12 +50,21 @@ class RunStats:
         origin = self.created if "derived_from" in doc["meta"] else self.records_in
         origin[doc["source"]] += 1
         self.stage_passed.update(doc["meta"].get("transforms", []))
+        bytes_in = doc["meta"].get("bytes_in", {})
+        self.stage_bytes_in.update(bytes_in)
         if doc["reject"]:
+            stage = doc["reject"].split(".", 1)[0]
+            size = bytes_in.get(stage) or len(doc["text"].encode("utf-8", "surrogatepass"))
             self.rejected[doc["reject"]] += 1
-            self.stage_rejected[doc["reject"].split(".", 1)[0]] += 1
+            self.rejected_bytes[doc["reject"]] += size
+            self.stage_rejected[stage] += 1
+            self.stage_bytes_rejected[stage] += size
+            self.lengths["rejected"][length_bucket(len(doc["text"]))] += 1
         else:
             self.written[doc["source"]] += 1
             self.tokens += len(doc["tokens"])
+            self.languages[doc["meta"].get("language", "unknown")] += 1
+            self.lengths["written"][length_bucket(len(doc["text"]))] += 1
 
     def reject_late(self, source: str, reason: str, num_tokens: int) -> None:
         """A document counted as written that packing could not use after all (too long, over budget)."""
@@ -66,16 +87,39 @@ class RunStats:
             "created": dict(self.created),
             "written": dict(self.written),
             "rejected": dict(self.rejected.most_common()),
-            "stages": {s: {"kept": self.stage_passed[s], "rejected": self.stage_rejected[s]}
-                       for s in dict.fromkeys([*self.stage_passed, *self.stage_rejected])},
+            "rejected_bytes": dict(self.rejected_bytes.most_common()),
+            "stages": {s: self.stage_counts(s) for s in dict.fromkeys([*self.stage_passed, *self.stage_rejected])},
+            "languages": dict(self.languages.most_common()),
+            "length_histogram": {k: ordered_buckets(v) for k, v in self.lengths.items()},
             "tokens": self.tokens,
             "packing": self.packing,
             "balanced": self.balanced,
             "wall_s": round(self.wall_s, 2),
         }
 
+    def stage_counts(self, stage: str) -> dict[str, int]:
+        kept, rejected = self.stage_passed[stage], self.stage_rejected[stage]
+        bytes_in, bytes_rejected = self.stage_bytes_in[stage], self.stage_bytes_rejected[stage]
+        return {"in": kept + rejected, "kept": kept, "rejected": rejected, "bytes_in": bytes_in,
+                "bytes_kept": max(bytes_in - bytes_rejected, 0), "bytes_rejected": bytes_rejected}
+
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2))
+
+
+def length_bucket(n_chars: int) -> str:
+    """A histogram label: "<64", "64-256", ..., ">=262144" characters."""
+    lower = 0
+    for upper in LENGTH_BUCKETS:
+        if n_chars < upper:
+            return f"<{upper}" if lower == 0 else f"{lower}-{upper}"
+        lower = upper
+    return f">={lower}"
+
+
+def ordered_buckets(counts: Counter) -> dict[str, int]:
+    labels = [length_bucket(0)] + [length_bucket(edge) for edge in LENGTH_BUCKETS]
+    return {label: counts[label] for label in labels if counts[label]}
 
 
 def make_progress(console: Console) -> Progress:
@@ -97,6 +141,10 @@ def update_progress(progress: Progress, task: Any, stats: RunStats) -> None:
     progress.update(task, completed=done, tokens=stats.tokens, rps=done / elapsed, tps=stats.tokens / elapsed)
 
 
+def megabytes(n_bytes: int) -> str:
+    return f"{n_bytes / 1e6:,.2f} MB"
+
+
 def summary_table(stats: dict[str, Any], title: str) -> Table:
     """The end-of-run table: what came in, what went out, and why anything was rejected."""
     table = Table(title=title, show_header=True, header_style="bold")
@@ -109,7 +157,14 @@ def summary_table(stats: dict[str, Any], title: str) -> Table:
     table.add_row("records written", f"{sum(stats['written'].values()):,}")
     table.add_row("records rejected", f"{sum(stats['rejected'].values()):,}")
     for reason, n in stats["rejected"].items():
-        table.add_row(f"  {reason}", f"{n:,}")
+        table.add_row(f"  {reason}", f"{n:,} ({megabytes(stats.get('rejected_bytes', {}).get(reason, 0))})")
+    for stage, counts in stats.get("stages", {}).items():
+        if "bytes_in" in counts:
+            table.add_row(f"stage {stage}: in / kept / rejected", f"{counts['in']:,} / {counts['kept']:,} / "
+                          f"{counts['rejected']:,} ({megabytes(counts['bytes_in'])} in)")
+    if set(stats.get("languages", {})) - {"unknown"}:
+        top = ", ".join(f"{lang} {n:,}" for lang, n in list(stats["languages"].items())[:6])
+        table.add_row("languages written", top)
     table.add_row("tokens written", f"{stats['tokens']:,}")
     for stage, packed in stats["packing"].items():
         table.add_row(f"stage {stage}", stage_summary(packed))

@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import time
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -42,8 +42,8 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
     console = console or Console(stderr=True)
     out = prepare_out_dir(Path(out_dir or Path("out") / recipe.name), recipe)
     connect(recipe.ray, ray_address)
+    stats = RunStats(recipe.name)  # before the plan: a global stage (dedup) does work while planning
     dataset = build_plan(recipe)
-    stats = RunStats(recipe.name)
     ids = special_ids(recipe)
     spill = SpillWriter(out / SPILL, ids, [source.name for source in recipe.sources])
     with open(out / "rejects" / "rejects.jsonl", "w") as rejects:
@@ -179,6 +179,13 @@ def batched_tables(documents: Iterator[Document]) -> Iterator[Any]:
 
 
 def add_stage(dataset, cfg: StageConfig):
+    module = registry.stage_module(cfg.stage)
+    if hasattr(module, "transform_dataset"):
+        # A global stage (near-dedup) must see the whole dataset, not one batch: it gets the
+        # dataset and returns a new one, using only the dataset's own methods (materialize,
+        # map_batches, iter_batches). Its per-record verdicts go through `map_documents`, so the
+        # accounting rules of every other stage (no record dropped, transforms marked) hold too.
+        return module.transform_dataset(dataset, cfg, partial(map_documents, cfg=cfg))
     common = {"batch_size": cfg.batch_size, "batch_format": "pyarrow"}
     resources = {"num_cpus": cfg.num_cpus} if cfg.num_cpus is not None else {}
     if type(cfg).actor:
@@ -190,6 +197,17 @@ def add_stage(dataset, cfg: StageConfig):
         return dataset.map_batches(actor_class, compute=ray.data.ActorPoolStrategy(size=cfg.concurrency or 1),
                                    **common, **resources)
     return dataset.map_batches(run_stage_task, fn_kwargs={"cfg": cfg}, **common, **resources)
+
+
+def map_documents(dataset, stage: Callable[[list[Document]], list[Document]], cfg: StageConfig):
+    """`stage` (a picklable callable over documents) as a task operator with the runner's accounting."""
+    resources = {"num_cpus": cfg.num_cpus} if cfg.num_cpus is not None else {}
+    return dataset.map_batches(run_callable_task, fn_kwargs={"stage": stage, "name": cfg.stage},
+                               batch_size=cfg.batch_size, batch_format="pyarrow", **resources)
+
+
+def run_callable_task(table, stage: Callable, name: str):
+    return apply_stage(stage, name, table)
 
 
 class StageActor:
@@ -219,15 +237,28 @@ def apply_stage(stage: Callable, name: str, table):
     docs = docs_from_table(table)
     dead = [doc for doc in docs if doc["reject"]]
     alive = [doc for doc in docs if not doc["reject"]]
+    record_bytes_in(alive, name)
     try:
         out = stage(alive) if alive else []
     except Exception:  # noqa: BLE001 - one bad record must not fail the batch: retry one by one
-        out = [kept for doc in docs_from_table(table) if not doc["reject"] for kept in run_one(stage, name, doc)]
+        out = [kept for doc in fresh_alive(table, name) for kept in run_one(stage, name, doc)]
     check_accounted(name, alive, out)
     for doc in out:
         if not doc["reject"]:
             mark_transform(doc, name)
     return docs_to_table(out + dead)
+
+
+def fresh_alive(table, name: str) -> list[Document]:
+    """The live documents of a batch again, unchanged by a stage that failed half-way."""
+    return record_bytes_in([doc for doc in docs_from_table(table) if not doc["reject"]], name)
+
+
+def record_bytes_in(docs: list[Document], name: str) -> list[Document]:
+    """meta["bytes_in"][stage]: the UTF-8 size a stage saw, for per-stage byte counts in stats.json."""
+    for doc in docs:
+        doc["meta"].setdefault("bytes_in", {})[name] = len(doc["text"].encode("utf-8", "surrogatepass"))
+    return docs
 
 
 def run_one(stage: Callable, name: str, doc: Document) -> list[Document]:

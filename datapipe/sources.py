@@ -119,7 +119,9 @@ def document_from_row(cfg: Any, row: dict[str, Any], source_id: str) -> Document
     if cfg.id_field and row.get(cfg.id_field) not in (None, ""):
         source_id = str(row[cfg.id_field])
     fields = {k: jsonable(v) for k, v in row.items() if k not in (cfg.text_field, "transforms")}
-    return new_document(cfg.name, source_id, text, kind=cfg.kind, **fields)
+    doc = new_document(cfg.name, source_id, text, kind=cfg.kind)
+    doc["meta"].update(fields)  # not as keywords: a row may have a "source" or "kind" column of its own
+    return doc
 
 
 def jsonable(value: Any) -> Any:

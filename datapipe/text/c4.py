@@ -1,0 +1,67 @@
+"""C4's rules (Raffel et al. 2020, section 2.2, and the tensorflow-datasets c4_utils code).
+
+Line by line: drop lines with a word over 1000 characters, lines that do not end in
+terminal punctuation (. ? ! " ') or end in "...", lines of fewer than 3 words, lines
+that mention "javascript", and cookie/terms-of-use notices; Wikipedia citation marks
+("[1]", "[edit]") are removed first. The whole page goes when any kept line holds
+"lorem ipsum" or a curly bracket (code), or when fewer than 5 sentences are left.
+The kept lines replace the text when `rewrite_text` is on (C4 did). The bad-words
+list is not applied (it is an external list; use a blocklist stage for it).
+"""
+from __future__ import annotations
+
+import re
+
+from pydantic import Field
+
+from datapipe.config import Strict
+from datapipe.text.words import count_sentences, split_words
+
+CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
+END_PUNCTUATION = (".", "?", "!", '"', "'")
+POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
+
+
+class C4(Strict):
+    remove_citations: bool = True
+    filter_no_terminal_punct: bool = True
+    min_num_sentences: int = Field(5, ge=-1)  # -1 disables; counted on the kept lines
+    min_words_per_line: int = Field(3, ge=-1)  # -1 disables
+    max_word_length: int = Field(1000, ge=-1)  # -1 disables; longer "words" are base64 or minified code
+    filter_lorem_ipsum: bool = True  # placeholder pages
+    filter_javascript: bool = True  # "enable JavaScript" notices
+    filter_curly_bracket: bool = True  # code and templates
+    filter_policy: bool = True  # cookie banners, terms of use
+    rewrite_text: bool = True  # keep only the lines that passed, as C4 did
+
+
+def check_c4(text: str, cfg: C4) -> tuple[str, str]:
+    """(failed rule or "", the text of the kept lines)."""
+    sentences, kept = 0, []
+    for line in text.splitlines():
+        line = line.strip()
+        tokens = line.split()
+        too_long = cfg.max_word_length != -1 and len(line) > cfg.max_word_length
+        if too_long and any(len(token) > cfg.max_word_length for token in tokens):
+            continue
+        if cfg.remove_citations:
+            line = CITATION.sub("", line)
+        if cfg.filter_no_terminal_punct and (not line.endswith(END_PUNCTUATION) or line.endswith("...")):
+            continue
+        if len(tokens) < cfg.min_words_per_line:
+            continue
+        lowered = line.lower()
+        if cfg.filter_lorem_ipsum and "lorem ipsum" in lowered:
+            return "lorem_ipsum", text
+        if cfg.filter_javascript and "javascript" in lowered:
+            continue
+        if cfg.filter_curly_bracket and "{" in line:
+            return "curly_bracket", text
+        if cfg.filter_policy and any(phrase in lowered for phrase in POLICY_PHRASES):
+            continue
+        if sentences < cfg.min_num_sentences:  # enough sentences seen: the count no longer matters
+            sentences += count_sentences(split_words(line))
+        kept.append(line)
+    if sentences < cfg.min_num_sentences:
+        return "too_few_sentences", text
+    return "", "\n".join(kept).strip() if cfg.rewrite_text else text

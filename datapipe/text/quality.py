@@ -1,0 +1,54 @@
+"""The heuristic quality filters in one stage: Gopher repetition, Gopher quality, C4, FineWeb.
+
+They run in FineWeb's order and share one word split (datapipe.text.words), which is
+where datatrove spends most of its time (spaCy, once per filter). A page that fails a
+rule is rejected as "quality.<group>.<rule>", e.g. quality.gopher_quality.word_count
+or quality.c4.lorem_ipsum; the first failing rule names the reject. Set a group to
+null in the recipe to skip it. Thresholds are the published ones (see each module).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from datapipe.config import StageConfig
+from datapipe.schema import Document
+from datapipe.text.c4 import C4, check_c4
+from datapipe.text.fineweb import FineWeb, check_fineweb
+from datapipe.text.gopher import GopherQuality, GopherRepetition, check_quality, check_repetition
+from datapipe.text.words import split_words
+
+
+class Config(StageConfig):
+    gopher_repetition: GopherRepetition | None = GopherRepetition()
+    gopher_quality: GopherQuality | None = GopherQuality()
+    c4: C4 | None = C4()
+    fineweb: FineWeb | None = FineWeb()
+
+
+def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
+    def quality(docs: list[Document]) -> list[Document]:
+        for doc in docs:
+            failed, doc["text"] = first_failure(doc["text"], cfg)
+            if failed:
+                doc["reject"] = f"quality.{failed}"
+        return docs
+
+    return quality
+
+
+def first_failure(text: str, cfg: Config) -> tuple[str, str]:
+    """("group.rule", text) for the first rule that fails, ("", text as C4 left it) if none."""
+    words = split_words(text)
+    if cfg.gopher_repetition and (rule := check_repetition(text, words, cfg.gopher_repetition)):
+        return f"gopher_repetition.{rule}", text
+    if cfg.gopher_quality and (rule := check_quality(text, words, cfg.gopher_quality)):
+        return f"gopher_quality.{rule}", text
+    if cfg.c4:
+        rule, kept = check_c4(text, cfg.c4)
+        if rule:
+            return f"c4.{rule}", text
+        if kept != text:
+            text, words = kept, split_words(kept)
+    if cfg.fineweb and (rule := check_fineweb(text, words, cfg.fineweb)):
+        return f"fineweb.{rule}", text
+    return "", text

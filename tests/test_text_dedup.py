@@ -1,0 +1,94 @@
+"""Exact and near-duplicate removal: cluster logic, planted near-duplicates, and a global
+end-to-end cleaning run on real Ray (WARC + saved pages + JSONL through every text stage)."""
+import gzip
+import json
+import random
+
+import numpy as np
+import yaml
+
+from datapipe import cli
+from datapipe.schema import new_document
+from datapipe.text.dedup import Config, find_clusters, make_stage
+from tests.test_warc import http_response, warc_record
+
+NOUNS = (
+    "river town council school family home bridge water street engineer office owner floor mayor "
+    "wall promise result government money repair payment farmer valley field wheat weather week storm"
+).split()
+VERBS = "opened closed inspected cleaned counted promised built expected feared gave found moved".split()
+ADJECTIVES = "old new wet dry regional local first last higher lower busy quiet".split()
+
+
+def article(seed: int, sentences: int = 24) -> str:
+    """A plain English text that passes the quality rules; different seeds share few 5-grams."""
+    rng = random.Random(seed)
+    vocabulary = NOUNS + VERBS + ADJECTIVES + ["the", "and", "of", "to", "with", "that"] * 3
+    lines = [f"The {' '.join(rng.choices(vocabulary, k=11))} {rng.randint(2, 999)} times." for _ in range(sentences)]
+    return "\n".join(lines[:12]) + "\n\n" + "\n".join(lines[12:])
+
+
+def near_copy(text: str, seed: int, changes: int = 3) -> str:
+    rng = random.Random(seed)
+    words = text.split(" ")
+    for i in rng.sample([i for i, w in enumerate(words) if "\n" not in w], changes):
+        words[i] = "changed"
+    first, second = " ".join(words).split("\n\n")
+    return second + "\n\n" + first  # paragraphs reordered too
+
+
+def test_clusters_keep_the_earliest_and_name_the_reason():
+    exact = np.array([1, 2, 1, 3, 4], np.uint64)
+    bands = np.array([[10, 11], [20, 21], [10, 11], [30, 21], [40, 41]], np.uint64)
+    verdicts = find_clusters(np.arange(5), exact, bands, Config(stage="dedup", bands=2, rows=1))
+    assert verdicts == {0: ("", 0, 2), 2: ("exact_duplicate", 0, 2), 1: ("", 1, 2), 3: ("near_duplicate", 1, 2)}
+
+
+def test_planted_near_duplicates_are_found_and_distinct_texts_kept():
+    originals = [article(seed) for seed in range(80)]
+    copies = [near_copy(originals[i], seed=i) for i in range(0, 80, 2)]
+    docs = [new_document("t", str(i), text) for i, text in enumerate(originals + copies + originals[:5])]
+    out = make_stage(Config(stage="dedup"))(docs)
+    rejects = {doc["source_id"]: doc for doc in out if doc["reject"]}
+    assert {k for k, d in rejects.items() if d["reject"] == "dedup.near_duplicate"} == {str(80 + j) for j in range(40)}
+    assert {k for k, d in rejects.items() if d["reject"] == "dedup.exact_duplicate"} == {str(120 + j) for j in range(5)}
+    assert rejects["80"]["meta"]["dedup"] == {"cluster": "t/0", "size": 3}  # + its exact copy at 120
+    assert all(not doc["reject"] for doc in out[:80])
+
+
+def test_cleaning_recipe_end_to_end_on_ray(tmp_path, tiny_tokenizer, ray_session):
+    texts = [article(seed) for seed in range(30)]
+    pages = [f"<html><body><nav><a href='/'>Home</a></nav><article>{''.join(f'<p>{line}</p>' for line in t.splitlines())}"
+             f"</article></body></html>" for t in texts[:10]]
+    warc = [warc_record(http_response(page.encode()), f"http://example.com/{i}") for i, page in enumerate(pages)]
+    (tmp_path / "crawl.warc.gz").write_bytes(b"".join(gzip.compress(r) for r in warc) + b"\x1f\x8b\x08garbage")
+    (tmp_path / "pages").mkdir()
+    for i, charset in enumerate(["shift_jis", "gb2312", "iso-8859-1", "utf-8"]):
+        html = f'<html><head><meta charset="{charset}"></head><body><p>{texts[10 + i].replace(chr(10), "</p><p>")}</p></body></html>'
+        (tmp_path / "pages" / f"{i}.html").write_bytes(html.encode(charset))
+    rows = [{"id": f"j{i}", "text": t} for i, t in enumerate(texts[14:])]
+    rows += [{"id": "copy-of-warc-0", "text": near_copy(texts[0], 1)}, {"id": "mail", "text": article(99) + "\nMail bob@example.com now."},
+             {"id": "short", "text": "Too short."}, {"id": "dup", "text": texts[14]}]
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    recipe = {
+        "name": "clean", "sources": [
+            {"name": "crawl", "type": "warc", "paths": ["crawl.warc.gz"]},
+            {"name": "pages", "type": "html", "paths": ["pages"]},
+            {"name": "docs", "type": "jsonl", "paths": ["docs.jsonl"], "id_field": "id"}],
+        "stages": [{"stage": "extract"}, {"stage": "normalize", "fix_mojibake": True}, {"stage": "langid", "languages": ["en"]},
+                   {"stage": "quality"}, {"stage": "pii"}, {"stage": "dedup", "batch_size": 4},
+                   {"stage": "tokenize", "tokenizer": str(tiny_tokenizer)}],
+        "curriculum": [{"name": "main", "seq_len": 64}], "ray": {"object_store_mb": 256}}
+    (tmp_path / "clean.yaml").write_text(yaml.safe_dump(recipe))
+    assert cli.main(["run", str(tmp_path / "clean.yaml"), "--out", str(tmp_path / "out")]) == 0
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["balanced"] and sum(stats["records_in"].values()) == 10 + 1 + 4 + len(rows)
+    assert stats["rejected"] == {"dedup.near_duplicate": 1, "dedup.exact_duplicate": 1, "read.warc_bad_gzip": 1,
+                                 "quality.gopher_repetition.top_2_gram": 1}  # short: as datatrove
+    for stage in ("extract", "langid", "quality", "pii", "dedup"):
+        counts = stats["stages"][stage]
+        assert counts["in"] == counts["kept"] + counts["rejected"] and counts["bytes_in"] > 0
+    assert stats["stages"]["extract"]["in"] == 34 and stats["languages"] == {"en": 31}
+    rejects = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "rejects" / "rejects.jsonl").open())}
+    assert rejects["docs/copy-of-warc-0"]["meta"]["dedup"]["cluster"].startswith("crawl/")
+    assert rejects["docs/dup"]["meta"]["dedup"] == {"cluster": "docs/j0", "size": 2}

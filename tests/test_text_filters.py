@@ -1,0 +1,102 @@
+"""Extraction, language ID, quality rules, PII and mojibake repair on documents made here."""
+import pytest
+
+from datapipe.schema import new_document
+from datapipe.text import extract, langid, normalize, pii, quality
+from datapipe.text.words import count_sentences, split_words
+
+ARTICLE = ("The river flooded the lower town after three days of rain, and the council opened the school "
+           "hall to families who had to leave their homes. Volunteers brought blankets and food to the hall. ")
+GOOD = """The river flooded the lower town after three days of rain, and the council opened the school hall.
+Families who had to leave their homes were given blankets, hot food and a place to sleep for the night.
+By the next morning the water level had started to fall, but many streets were still closed to traffic.
+Engineers from the regional office inspected the old bridge and said that it was safe to use again.
+Shop owners began to clean their floors and to count the damage, which some of them put at thousands.
+
+The mayor thanked the volunteers and promised that the town would build a higher wall along the river.
+Critics said that the same promise had been made after the last flood, ten years ago, with no result.
+The regional government has set aside money for repairs, and the first payments are expected in May.
+Farmers in the valley fear that the wet fields will delay the planting of wheat and maize this spring.
+Weather services expect a dry week, which should give the town time to recover before the next storm."""
+
+
+def run(module, text, kind="text", **options):
+    stage = module.make_stage(module.Config(stage=module.__name__.rsplit(".", 1)[-1], **options))
+    return stage([new_document("t", "1", text, kind=kind)])[0]
+
+
+@pytest.mark.parametrize("backend", ["resiliparse", "trafilatura", "fallback"])
+def test_extract_keeps_the_article_and_drops_the_menu(backend):
+    nav = "".join(f"<li><a href='/{i}'>Menu item {i}</a></li>" for i in range(30))
+    html = (f"<html><head><title>News</title><script>var x = 1;</script></head><body><nav><ul>{nav}</ul></nav>"
+            f"<article><h1>Flood</h1>{''.join(f'<p>{ARTICLE}</p>' for _ in range(4))}</article>"
+            "<footer>Copyright 2024 Example Corp. All rights reserved.</footer></body></html>")
+    doc = run(extract, html, kind="html", backend=backend)
+    assert not doc["reject"] and doc["kind"] == "text" and "river flooded" in doc["text"]
+    assert "Menu item 17" not in doc["text"] and "var x" not in doc["text"]
+
+
+def test_extract_rejects_a_page_without_text_and_leaves_other_kinds():
+    assert run(extract, "<html><body><script>x()</script></body></html>", kind="html")["reject"] == "extract.empty"
+    assert run(extract, "plain text stays")["text"] == "plain text stays"
+
+
+def test_words_split_like_spacy_english():
+    assert split_words("Don't stop: it's U.S. e.g. 3.5% well-known... ok!") == [
+        "Do", "n't", "stop", ":", "it", "'s", "U.S.", "e.g.", "3.5", "%", "well", "-", "known", "...", "ok", "!"]
+    assert count_sentences(split_words("One. Two! Three? \"Four.\" five")) == 5
+
+
+def test_good_text_passes_every_rule():
+    doc = run(quality, GOOD)
+    assert doc["reject"] == "", doc["reject"]
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("\n".join(["Buy now and save big on everything today."] * 30), "quality.gopher_repetition.dup_line_frac"),
+    (GOOD + "\n\nLorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod.", "quality.c4.lorem_ipsum"),
+    (GOOD + "\n\nfunction f() { return the value of x; } is what the code does here.", "quality.c4.curly_bracket"),
+    (" ".join(f"#tag{i}" for i in range(80)) + " " + GOOD, "quality.gopher_quality.hash_ratio"),
+])
+def test_each_failing_rule_names_itself(text, reason):
+    assert run(quality, text)["reject"] == reason
+
+
+def test_short_documents_fail_word_count():
+    note = "A short note with only a few distinct words in it, far fewer than fifty, so not a document."
+    assert run(quality, note, gopher_repetition=None)["reject"] == "quality.gopher_quality.word_count"
+
+
+def test_short_lines_fail_fineweb_and_groups_can_be_switched_off():
+    menu = "\n".join(f"Item {i} of the menu." for i in range(80)) + "\n" + GOOD
+    assert run(quality, menu, gopher_repetition=None, gopher_quality=None, c4=None)["reject"] == \
+        "quality.fineweb.short_line_ratio"
+    assert run(quality, menu, gopher_repetition=None, gopher_quality=None, c4=None, fineweb=None)["reject"] == ""
+
+
+def test_c4_keeps_only_lines_that_end_a_sentence():
+    doc = run(quality, GOOD + "\nShare on Facebook\nThis site uses cookies to work properly.",
+              gopher_repetition=None, gopher_quality=None, fineweb=None)
+    assert not doc["reject"] and "Share on Facebook" not in doc["text"] and "cookies" not in doc["text"]
+
+
+def test_langid_sets_language_and_filters():
+    english, german = run(langid, ARTICLE), run(langid, "Der Fluss hat die Stadt nach drei Tagen Regen überflutet.")
+    assert english["meta"]["language"] == "en" and english["meta"]["language_score"] > 0.8
+    assert german["meta"]["language"] == "de"
+    assert run(langid, "Der Fluss hat die Stadt überflutet.", languages=["en"])["reject"] == "langid.language"
+    assert run(langid, "ok 123", min_score=0.99)["reject"] in ("langid.low_score", "langid.language")
+
+
+def test_pii_is_replaced_by_typed_placeholders_and_counted():
+    doc = run(pii, "Write to jane.roe@mail.example.org, call +44 20 7946 0958 or reach 10.0.0.12. "
+                   "Version 1.2.3 shipped on 2024-05-01 with items 10-20.")
+    assert doc["text"] == ("Write to <EMAIL_ADDRESS>, call <PHONE_NUMBER> or reach <IP_ADDRESS>. "
+                           "Version 1.2.3 shipped on 2024-05-01 with items 10-20.")
+    assert doc["meta"]["pii"] == {"email": 1, "ip_address": 1, "phone_number": 1}
+
+
+def test_mojibake_is_repaired_only_when_asked():
+    broken = "The cafÃ© served crÃ¨me brÃ»lÃ©e."
+    assert run(normalize, broken, fix_mojibake=True)["text"] == "The café served crème brûlée."
+    assert run(normalize, broken)["text"] == broken
