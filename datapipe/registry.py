@@ -13,12 +13,15 @@ FILE_READERS: dict[str, str] = {
     "jsonl": "datapipe.sources:read_jsonl",  # .jsonl, .jsonl.gz, .jsonl.zst
     "parquet": "datapipe.sources:read_parquet",
     "hf_disk": "datapipe.sources:read_hf_disk",  # a folder written by datasets' save_to_disk
+    "files": "datapipe.files:read_files",  # one document per file (or per row of a JSONL manifest of files)
 }
 
 # Generators: generate(source_config, seed, start, stop) -> Iterator[Document]; one task per range.
 GENERATORS: dict[str, str] = {
     "pydoc_topics": "datapipe.generators:pydoc_topics",  # the docs every Python install carries
     "python_programs": "datapipe.generators:python_programs",  # seeded, procedurally generated code
+    "svg_programs": "renderers.procedural_svg:svg_programs",  # seeded SVGs: shapes, paths, gradients, text
+    "html_pages": "renderers.procedural_html:html_pages",  # seeded pages: layouts, tables, forms, type
 }
 
 SOURCES: dict[str, str] = {**FILE_READERS, **GENERATORS}
@@ -28,6 +31,9 @@ SOURCES: dict[str, str] = {**FILE_READERS, **GENERATORS}
 STAGES: dict[str, str] = {
     "normalize": "datapipe.text.normalize",
     "tokenize": "tokenizer.stage",
+    "render": "renderers.stage",  # svg/html documents -> images (actor pool, sandboxed, quality-gated)
+    "render_dedupe": "renderers.dedupe",  # near-duplicate renders by perceptual hash, global (one actor)
+    "code_image_samples": "renderers.samples",  # (code, images) -> image-to-code / code-to-image documents
 }
 
 
