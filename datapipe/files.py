@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from datapipe.schema import Document, new_document, new_reject
 

@@ -14,7 +14,8 @@ Its cost is a few microseconds a record; 10 million hashes take ~1 GB.
 """
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from pydantic import Field, field_validator
 
@@ -27,6 +28,7 @@ class Config(StageConfig):
     actor: ClassVar[bool] = True
 
     max_distance: int = Field(3, ge=0, le=15)  # bits of 64; icons that differ by one stroke are 6-12 apart
+    num_cpus: float | None = Field(0.1, gt=0)  # microseconds a record: it must not hold a core the renderers need
 
     @field_validator("concurrency")
     @classmethod

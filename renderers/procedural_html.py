@@ -10,13 +10,13 @@ same offline, every time. Everything derives from (seed, source name, index).
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from datapipe.schema import Document, new_document
 from renderers.procedural_svg import PALETTES
 
-WORDS = ("pipeline render shard token packing stream record source stage sample curriculum browser "
-         "vector layout grid table form field value report summary metric chart release build cache").split()
+WORDS = ["pipeline", "render", "shard", "token", "packing", "stream", "record", "source", "stage", "sample", "curriculum", "browser", "vector", "layout", "grid", "table", "form", "field", "value", "report", "summary", "metric", "chart", "release", "build", "cache"]
 FONT_STACKS = ['"DejaVu Sans", sans-serif', '"Liberation Serif", serif', '"Liberation Sans", Arial, sans-serif',
                '"DejaVu Serif", Georgia, serif', '"Liberation Mono", monospace']
 

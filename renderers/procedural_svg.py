@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from datapipe.schema import Document, new_document
 
@@ -23,7 +24,7 @@ PALETTES = [
     ["#5f0f40", "#9a031e", "#fb8b24", "#e36414", "#0f4c5c"],
     ["#2b2d42", "#8d99ae", "#edf2f4", "#ef233c", "#d90429"],
 ]
-WORDS = "data pipe render shape code image vector path layer grid signal north river atlas prism orbit".split()
+WORDS = ["data", "pipe", "render", "shape", "code", "image", "vector", "path", "layer", "grid", "signal", "north", "river", "atlas", "prism", "orbit"]
 FONTS = ["DejaVu Sans", "DejaVu Serif", "Liberation Sans", "Liberation Serif", "Liberation Mono"]
 
 
@@ -35,19 +36,24 @@ def svg_programs(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Documen
 
 def make_svg(rng: random.Random) -> str:
     width, height = rng.choice([(256, 256), (320, 240), (240, 320), (400, 200)])
-    palette = rng.sample(rng.choice(PALETTES), 5)
+    palette = by_luminance(rng.choice(PALETTES))
+    palette = palette if rng.random() < 0.5 else palette[::-1]  # the background is the lightest or darkest colour
     defs = [make_gradient(rng, f"g{i}", palette) for i in range(rng.randint(0, 2))]
     fills = palette[1:] + [f"url(#g{i})" for i in range(len(defs))]
     body = [f'<rect width="{width}" height="{height}" fill="{palette[0]}"/>'] if rng.random() < 0.7 else []
     for _ in range(rng.randint(3, 10)):
         body.append(make_element(rng, width, height, fills))
     if rng.random() < 0.4:
-        body = [wrap_group(rng, body[-3:], width, height)] + body[:-3]
+        body = body[:-3] + [wrap_group(rng, body[-3:], width, height)]
     lines = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}">']
     lines += ["  <defs>", *(f"    {d}" for d in defs), "  </defs>"] if defs else []
     lines += [f"  {element}" for element in body]
     return "\n".join(lines + ["</svg>"]) + "\n"
+
+
+def by_luminance(colors: list[str]) -> list[str]:
+    return sorted(colors, key=lambda c: sum(w * int(c[i:i + 2], 16) for w, i in ((0.3, 1), (0.59, 3), (0.11, 5))))
 
 
 def make_gradient(rng: random.Random, gid: str, palette: list[str]) -> str:

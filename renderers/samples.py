@@ -15,7 +15,7 @@ provenance (source file, renderer, options, sizes, hashes) stays in meta.
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from pydantic import Field
 
@@ -39,6 +39,7 @@ class Config(StageConfig):
     image_to_code: float = Field(0.5, ge=0, le=1)  # share of pairs in image-to-code order; the rest code-to-image
     seed: int = 0  # with the document id, picks each pair's order and wording
     kinds: list[str] = list(LANGUAGES)  # kinds turned into samples; others pass through
+    num_cpus: float | None = Field(0.25, gt=0)  # string formatting only; leaves cores to the renderers
     max_code_chars: int = Field(200_000, ge=1)  # longer code is rejected (~60K tokens: beyond most curricula)
 
 

@@ -33,8 +33,9 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from renderers.base import RenderError
 

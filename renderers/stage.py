@@ -12,8 +12,9 @@ stage's job (render_dedupe), which sees every render in order.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 

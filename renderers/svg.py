@@ -88,8 +88,10 @@ def render_resvg(markup: str, size: int, background: tuple, asset_dir: str) -> t
     options.resources_dir = asset_dir
     try:
         tree = resvg.usvg.Tree.from_str(markup, options)
-    except ValueError as err:
-        raise RenderError("invalid", str(err)) from None
+    except BaseException as err:  # the binding panics (a BaseException) on a parse error; parsing holds no state
+        if type(err).__name__ != "PanicException" and not isinstance(err, ValueError):
+            raise
+        raise RenderError("invalid", f"resvg: {str(err).splitlines()[0][:300]}") from None
     scale, width, height = fit(*tree.int_size(), size)
     bg = {"bg_color": background} if background[3] else {}
     png = resvg.render(tree, (scale, 0, 0, 0, scale, 0), bg_size=(width, height), **bg)

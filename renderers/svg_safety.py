@@ -24,8 +24,8 @@ from __future__ import annotations
 import base64
 import io
 import re
-import zlib
 import xml.etree.ElementTree as ET
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, unquote_to_bytes

@@ -59,7 +59,8 @@ class WebRenderer:
         self.blocked: list[str] = []
 
     def render(self, code: str, asset_dir: Path | None, options: RenderOptions, name: str = "index.html") -> Render:
-        from playwright.sync_api import Error as PlaywrightError, TimeoutError as PlaywrightTimeout
+        from playwright.sync_api import Error as PlaywrightError
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
         html = code.encode("utf-8", "surrogatepass")
         if len(html) > options.max_input_bytes:
