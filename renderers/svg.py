@@ -5,7 +5,7 @@ many files per CPU-second as cairosvg at the same output size and agrees with Ch
 files, so it is the default; `backend: cairosvg` stays available as the named baseline.
 
 The parent (a Ray actor) runs the hostile-input checks (svg_safety) and gives the worker only
-markup that passed them; the worker keeps the backend and its font database warm across
+markup that passed them, local files inlined, so the worker opens no file; the worker keeps the backend and its font database warm across
 renders. Output: the longer side is `size` px, the aspect ratio kept, the background filled
 unless "transparent".
 """
@@ -36,15 +36,16 @@ class SvgRenderer:
         if options.memory_mb != self.sandbox.limits.memory_mb:  # the next worker starts with the new cap
             self.sandbox.stop()
             self.sandbox.limits = Limits(memory_mb=options.memory_mb, nproc=WORKER_NPROC)
-        header = {"backend": options.svg_backend, "size": options.size, "background": rgba(options.background),
-                  "asset_dir": str(asset_dir.resolve()) if asset_dir and checked.local_files else NO_ASSETS}
+        header = {"backend": options.svg_backend, "size": options.size, "background": rgba(options.background)}
         reply, png = self.sandbox.call(header, checked.markup.encode("utf-8", "surrogatepass"), options.timeout_s)
         meta = {"renderer": options.svg_backend, "version": reply["version"], "sizes": [reply["size"]],
                 "options": {"size": options.size, "background": options.background,
                                                      "external_refs": options.external_refs}}
         if checked.stripped:
             meta["stripped_refs"] = checked.stripped
-        return Render([png], meta, checked.markup if checked.stripped else None)
+        if checked.local_files:
+            meta["local_files"] = [reference for reference, _ in checked.local_files]
+        return Render([png], meta, checked.code)
 
     def close(self) -> None:
         self.sandbox.stop()
@@ -69,8 +70,7 @@ _resvg_options = None
 def render_request(header: dict[str, Any], markup: bytes) -> tuple[dict[str, Any], bytes]:
     """The worker's entry point: one render, in the sandbox."""
     render = render_resvg if header["backend"] == "resvg" else render_cairosvg
-    png, size, version = render(markup.decode("utf-8"), header["size"], tuple(header["background"]),
-                                header["asset_dir"])
+    png, size, version = render(markup.decode("utf-8"), header["size"], tuple(header["background"]))
     return {"size": size, "version": version}, png
 
 
@@ -81,11 +81,10 @@ def fit(width: float, height: float, size: int) -> tuple[float, int, int]:
     return scale, max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def render_resvg(markup: str, size: int, background: tuple, asset_dir: str) -> tuple[bytes, list[int], str]:
+def render_resvg(markup: str, size: int, background: tuple) -> tuple[bytes, list[int], str]:
     import resvg
 
     options = resvg_options()
-    options.resources_dir = asset_dir
     try:
         tree = resvg.usvg.Tree.from_str(markup, options)
     except BaseException as err:  # the binding panics (a BaseException) on a parse error; parsing holds no state
@@ -107,22 +106,22 @@ def resvg_options():
         _resvg_options = resvg.usvg.Options.default()
         _resvg_options.load_system_fonts()
         _resvg_options.font_family = "DejaVu Sans"  # Debian's default sans; resvg's own default is absent
+        _resvg_options.resources_dir = NO_ASSETS  # local files arrive inlined as data: URIs
     return _resvg_options
 
 
-def render_cairosvg(markup: str, size: int, background: tuple, asset_dir: str) -> tuple[bytes, list[int], str]:
+def render_cairosvg(markup: str, size: int, background: tuple) -> tuple[bytes, list[int], str]:
     """cairosvg scales to output_width keeping the aspect ratio; a tall image is redone by height."""
     import cairosvg
     from PIL import Image
 
     bg = "rgba({},{},{},{})".format(*background[:3], background[3] / 255) if background[3] else None
-    url = f"{asset_dir}/" if asset_dir != NO_ASSETS else None
     try:
-        png = cairosvg.svg2png(bytestring=markup.encode(), output_width=size, background_color=bg, url=url)
+        png = cairosvg.svg2png(bytestring=markup.encode(), output_width=size, background_color=bg)
         with Image.open(io.BytesIO(png)) as image:
             width, height = image.size
         if height > size:
-            png = cairosvg.svg2png(bytestring=markup.encode(), output_height=size, background_color=bg, url=url)
+            png = cairosvg.svg2png(bytestring=markup.encode(), output_height=size, background_color=bg)
             width, height = round(width * size / height), size
     except (ValueError, TypeError, ZeroDivisionError, AttributeError, IndexError, KeyError) as err:
         raise RenderError("invalid", f"cairosvg: {type(err).__name__}: {err}") from None

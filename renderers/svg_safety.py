@@ -14,7 +14,8 @@ In order, each rejecting fast with its reason:
    make 10^10 elements; cairosvg spends over 30 s on one).
 5. external_reference: every href/src, url(...) in attributes and <style>, @import and
    xml-stylesheet must be a fragment (#id), a data: URI, or a relative path to an existing file
-   under the input's asset folder (resolved, symlinks followed). Anything else (http:, file:,
+   under the input's asset folder (resolved, symlinks followed), which this process reads and
+   inlines as a data: URI: the sandboxed renderer never opens a file. Anything else (http:, file:,
    an absolute path, ../ out of the folder, a missing file) is rejected, or with
    external_refs=strip removed and the tree re-serialized; the stripped markup is then what is
    rendered and what the training sample shows, so code and picture still match.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import io
+import mimetypes
 import re
 import xml.etree.ElementTree as ET
 import zlib
@@ -46,9 +48,10 @@ STYLESHEET_PI = re.compile(r"<\?xml-stylesheet\b", re.IGNORECASE)
 
 @dataclass
 class CheckedSvg:
-    markup: str  # what to render: the input itself, or the re-serialized tree after stripping
+    markup: str  # what to render: `code` with local files inlined as data: URIs
+    code: str | None = None  # the re-serialized tree after stripping references; None when unchanged
     stripped: list[str] = field(default_factory=list)  # references removed (external_refs=strip)
-    local_files: list[str] = field(default_factory=list)  # relative references served from the asset folder
+    local_files: list[tuple[str, str]] = field(default_factory=list)  # (relative reference, data: URI)
     nesting: int = 0  # how deep inside data:image/svg+xml images this document is
 
 
@@ -165,7 +168,8 @@ def check_references(code: str, root: ET.Element, namespaces: dict[str, str], as
         if local_name(el.tag) == "style" and el.text:
             el.text = clean_css(el.text, asset_dir, result, options)
     if result.stripped:
-        result.markup = serialize(root, namespaces)
+        result.code = result.markup = serialize(root, namespaces)
+    result.markup = inline_local_files(result.markup, result.local_files)
     return result
 
 
@@ -191,7 +195,7 @@ def outside(result: CheckedSvg, reference: str, options: RenderOptions) -> None:
 
 def is_allowed(reference: str, asset_dir: Path | None, result: CheckedSvg, options: RenderOptions) -> bool:
     """A fragment, a data: URI (an embedded SVG passing these same checks), or an existing file
-    inside asset_dir (recorded in local_files)."""
+    inside asset_dir, no larger than max_input_bytes (kept in local_files as (reference, data: URI))."""
     reference = reference.strip()
     if not reference or reference.startswith("#"):
         return True
@@ -201,10 +205,25 @@ def is_allowed(reference: str, asset_dir: Path | None, result: CheckedSvg, optio
         return False  # a scheme (http:, file:, javascript:), an absolute or protocol-relative path
     path = unquote(reference.split("#", 1)[0].split("?", 1)[0])
     resolved = (asset_dir / path).resolve()
-    if resolved.is_file() and resolved.is_relative_to(asset_dir.resolve()):
-        result.local_files.append(path)
+    if not (resolved.is_file() and resolved.is_relative_to(asset_dir.resolve())):
+        return False
+    if resolved.stat().st_size > options.max_input_bytes:
+        raise RenderError("too_large", f"{reference}: {resolved.stat().st_size} bytes")
+    mime = mimetypes.guess_type(resolved.name)[0] or "application/octet-stream"
+    uri = f"data:{mime};base64,{base64.b64encode(resolved.read_bytes()).decode()}"
+    if is_safe_data(uri, None, result, options):
+        result.local_files.append((reference, uri))
         return True
     return False
+
+
+def inline_local_files(markup: str, local_files: list[tuple[str, str]]) -> str:
+    """Local references become data: URIs, so the sandboxed renderer never opens a file."""
+    for reference, uri in dict(local_files).items():
+        for quote in ('"', "'", "(", "('", '("'):
+            close = {"(": ")", "('": "')", '("': '")'}.get(quote, quote)
+            markup = markup.replace(f"{quote}{reference}{close}", f"{quote}{uri}{close}")
+    return markup
 
 
 def is_safe_data(uri: str, asset_dir: Path | None, result: CheckedSvg, options: RenderOptions) -> bool:
