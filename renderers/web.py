@@ -42,6 +42,13 @@ SEEDED_RANDOM = """(() => { let s = 0x2545F491; Math.random = () => { s = (s + 0
   return ((t ^ (t >>> 14)) >>> 0) / 4294967296; }; })();"""
 
 
+class BrowserGone(RenderError):
+    """The browser (not just the page) died; the render is tried once more on a fresh one."""
+
+    def __init__(self, detail: str):
+        super().__init__("crashed", detail)
+
+
 class WebRenderer:
     name = "chromium"
 
@@ -59,21 +66,30 @@ class WebRenderer:
         self.blocked: list[str] = []
 
     def render(self, code: str, asset_dir: Path | None, options: RenderOptions, name: str = "index.html") -> Render:
-        from playwright.sync_api import Error as PlaywrightError
-        from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
         html = code.encode("utf-8", "surrogatepass")
         if len(html) > options.max_input_bytes:
             raise RenderError("too_large", f"{len(html)} bytes > max_input_bytes={options.max_input_bytes}")
         try:
-            page = self.ensure_page(options)
-            return self.capture(page, html, asset_dir, options, name)
+            return self.attempt(html, asset_dir, options, name)
+        except BrowserGone:  # it died between renders (or under this one): a fresh browser gets one more try
+            return self.attempt(html, asset_dir, options, name)
+
+    def attempt(self, html: bytes, asset_dir: Path | None, options: RenderOptions, name: str) -> Render:
+        from playwright.sync_api import Error as PlaywrightError
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            return self.capture(self.ensure_page(options), html, asset_dir, options, name)
         except PlaywrightTimeout:
             self.reset_context()
             raise RenderError("timeout", f"page not loaded and captured within {options.timeout_s:g}s") from None
         except PlaywrightError as err:
-            self.reset_after_error()
-            raise RenderError("crashed", str(err).splitlines()[0][:300]) from None
+            message = str(err).splitlines()[0][:300]
+            if "has been closed" in message or not self.browser or not self.browser.is_connected():
+                self.stop_browser()
+                raise BrowserGone(message) from None
+            self.reset_context()  # the page crashed (out of memory, a renderer bug): the browser is fine
+            raise RenderError("crashed", message) from None
 
     def capture(self, page, html: bytes, asset_dir: Path | None, options: RenderOptions, name: str) -> Render:
         self.served, self.blocked = ("/" + name.lstrip("/"), html, asset_dir), []
@@ -167,12 +183,6 @@ class WebRenderer:
                 context.close()
             except Exception:  # noqa: BLE001 - a context that cannot close means a sick browser: replace it
                 self.stop_browser()
-
-    def reset_after_error(self) -> None:
-        if self.browser is not None and self.browser.is_connected():
-            self.reset_context()
-        else:
-            self.stop_browser()
 
     def stop_browser(self) -> None:
         browser, self.browser, self.context, self.page = self.browser, None, None, None
