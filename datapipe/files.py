@@ -4,7 +4,7 @@ A path is either a file (a folder or glob in the recipe expands to its files, on
 each) or a JSONL manifest (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`) whose rows name files
 relative to the manifest's folder in the `file_field` column; one task reads the whole
 manifest, which suits folders of thousands of small files, and the row's other columns land
-in meta. The kind comes from the extension (`.svg` svg, `.html` html, ...), else the source's
+in meta["manifest"]. The kind comes from the extension (`.svg` svg, `.html` html, ...), else the source's
 `kind`. meta records the file (`path`) and the folder its local assets live in
 (`asset_dir`, the file's own folder), which renderers serve and nothing outside it.
 
@@ -47,8 +47,8 @@ def read_manifest(cfg: Any, path: str) -> Iterator[Document]:
         if row["reject"]:
             yield row
             continue
-        extra = {k: v for k, v in row["meta"].items() if k != "transforms"}
-        yield read_file(cfg, manifest_dir / row["text"], row["text"], extra)
+        columns = {k: v for k, v in row["meta"].items() if k != "transforms"}
+        yield read_file(cfg, manifest_dir / row["text"], row["text"], {"manifest": columns} if columns else {})
 
 
 def read_file(cfg: Any, path: Path, source_id: str, extra: dict[str, Any]) -> Document:

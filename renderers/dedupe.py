@@ -1,8 +1,8 @@
 """The render_dedupe stage: reject exact and near-duplicate renders, globally and deterministically.
 
 A render is a near-duplicate when the dHash of its first image is within `max_distance` bits
-(of 64) of an earlier kept render's: the same icon at another stroke width, a page that only
-changed an id. The index splits each hash into max_distance + 1 bands; by pigeonhole two
+(of 256) of an earlier kept render's: the same icon drawn twice (feather and lucide share
+~130 of their first 2,000), a page that only changed an id. The index splits each hash into max_distance + 1 bands; by pigeonhole two
 hashes that close agree on at least one whole band, so a lookup reads a few buckets instead of
 every hash, and nothing within the distance is missed.
 
@@ -10,7 +10,7 @@ Global, and so deterministic: the stage is one actor (concurrency 1) fed in stre
 (the runner preserves order), so the first render of a group in input order is kept and the
 later ones are rejected with meta["duplicate_of"], whatever the number of render actors.
 Per-actor indexes would depend on which actor got which batch, and miss cross-actor copies.
-Its cost is a few microseconds a record; 10 million hashes take ~1 GB.
+Its cost is a few microseconds a record; 10 million hashes take ~2 GB.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from renderers.gates import hamming
 class Config(StageConfig):
     actor: ClassVar[bool] = True
 
-    max_distance: int = Field(3, ge=0, le=15)  # bits of 64; icons that differ by one stroke are 6-12 apart
+    max_distance: int = Field(2, ge=0, le=63)  # bits of 256; 4 already joins folder-up with folder-down
     num_cpus: float | None = Field(0.1, gt=0)  # microseconds a record: it must not hold a core the renderers need
 
     @field_validator("concurrency")
@@ -41,11 +41,11 @@ class Config(StageConfig):
 class HashIndex:
     """Hashes kept so far, bucketed by band, with the id of the document that owns each."""
 
-    def __init__(self, max_distance: int):
+    def __init__(self, max_distance: int, bits: int = 256):
         self.max_distance = max_distance
-        self.bands = [(start, min(start + 64 // (max_distance + 1), 64)) for start in
-                      range(0, 64, 64 // (max_distance + 1))][: max_distance + 1]
-        self.bands[-1] = (self.bands[-1][0], 64)
+        width = bits // (max_distance + 1)
+        self.bands = [(i * width, (i + 1) * width) for i in range(max_distance + 1)]
+        self.bands[-1] = (self.bands[-1][0], bits)
         self.buckets: list[dict[int, list[tuple[int, str]]]] = [{} for _ in self.bands]
 
     def keys(self, value: int) -> list[int]:

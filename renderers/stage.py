@@ -22,7 +22,7 @@ from datapipe.config import StageConfig
 from datapipe.schema import Document
 from renderers import RENDERERS, make_renderer
 from renderers.base import RenderError, RenderOptions
-from renderers.gates import GateConfig, check_image, dhash
+from renderers.gates import GateConfig, check_image, dhash, grayscale
 
 
 class Config(StageConfig, RenderOptions, GateConfig):
@@ -58,9 +58,10 @@ def render_document(doc: Document, renderer, options: RenderOptions, gates: Gate
         doc["reject"] = f"render.{err.reason}"
         doc["meta"]["render_error"] = err.detail[:500]
         return
-    checks = [check_image(png, gates) for png in result.images]
+    thumbnails = [grayscale(png) for png in result.images]
+    checks = [check_image(gray, gates) for gray in thumbnails]
     doc["meta"]["render"] = {**result.meta, "gates": [measures for _, measures in checks],
-                             "dhash": [f"{dhash(png):016x}" for png in result.images]}
+                             "dhash": [f"{dhash(gray):064x}" for gray in thumbnails]}
     failed = next((reason for reason, _ in checks if reason), "")
     if failed:
         doc["reject"] = f"render.{failed}"

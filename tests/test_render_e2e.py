@@ -91,7 +91,7 @@ def test_written_documents_carry_images_placeholders_and_provenance(rendered_run
             assert doc["text"].count(MEDIA_PLACEHOLDER) == len(doc["media"]) == 1
             assert doc["media"][0].startswith(b"\x89PNG")
             assert doc["meta"]["transforms"] == ["render", "render_dedupe", "code_image_samples", "tokenize"]
-            assert len(doc["meta"]["render"]["dhash"][0]) == 16
+            assert len(doc["meta"]["render"]["dhash"][0]) == 64
 
 
 def test_no_sandboxed_process_outlives_the_run(rendered_run):
