@@ -12,6 +12,8 @@ from datapipe.schema import MEDIA_PLACEHOLDER
 from renderers.sandbox import UID_BASE, processes_of
 from tests.test_render_svg import SVG, billion_laughs
 
+pytestmark = pytest.mark.slow  # a Ray run with a browser and a sandboxed worker: about a minute
+
 GOOD = [
     f'<svg {SVG} width="64" height="64"><rect x="8" y="8" width="30" height="40" fill="#c00"/></svg>',
     f'<svg {SVG} width="64" height="64"><circle cx="32" cy="32" r="20" fill="#00a"/></svg>',

@@ -167,3 +167,13 @@ def test_generators_are_seeded_valid_and_varied():
     for feature in ("<table", "<form", "<select", "display: grid", "display: flex", "<ul", "font-family"):
         assert feature in "".join(pages)
     assert not any("<script" in p or "http" in p.replace("http://www.w3.org", "") for p in pages)
+
+
+def test_render_stage_names_the_known_kinds_for_an_unknown_one():
+    from renderers import make_renderer
+    from renderers.stage import Config as RenderConfig, make_stage as make_render
+
+    with pytest.raises(ValueError, match="known kinds: html, svg"):
+        make_render(RenderConfig(stage="render", kinds=["svg", "mesh"]))
+    with pytest.raises(KeyError, match="known kinds: html, svg"):
+        make_renderer("mesh")
