@@ -87,15 +87,16 @@ def confine(limits: Limits, uid: int | None) -> None:
 
 
 def processes_of(uid: int) -> list[int]:
+    """Live processes whose real uid is `uid` (zombies hold no resources and ignore SIGKILL)."""
     pids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 with open(f"/proc/{entry.name}/status") as status:
-                    uid_line = next(line for line in status if line.startswith("Uid:"))
-            except (OSError, StopIteration):
+                    fields = dict(line.split(":", 1) for line in status if line.startswith(("State:", "Uid:")))
+            except (OSError, ValueError):
                 continue  # exited while we looked
-            if int(uid_line.split()[1]) == uid:
+            if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
                 pids.append(int(entry.name))
     return pids
 
