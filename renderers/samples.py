@@ -38,7 +38,7 @@ CODE_TO_IMAGE = [
 class Config(StageConfig):
     image_to_code: float = Field(0.5, ge=0, le=1)  # share of pairs in image-to-code order; the rest code-to-image
     seed: int = 0  # with the document id, picks each pair's order and wording
-    kinds: list[str] = list(LANGUAGES)  # kinds turned into samples; others pass through
+    kinds: list[str] = Field(default_factory=lambda: list(LANGUAGES))  # kinds turned into samples; others pass through
     num_cpus: float | None = Field(0.25, gt=0)  # string formatting only; leaves cores to the renderers
     max_code_chars: int = Field(200_000, ge=1)  # longer code is rejected (~60K tokens: beyond most curricula)
 

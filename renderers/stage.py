@@ -28,7 +28,7 @@ from renderers.gates import GateConfig, check_image, dhash, grayscale
 class Config(StageConfig, RenderOptions, GateConfig):
     actor: ClassVar[bool] = True
 
-    kinds: list[str] = list(RENDERERS)  # which Document kinds to render; others pass through
+    kinds: list[str] = Field(default_factory=lambda: list(RENDERERS))  # kinds to render; others pass through
     batch_size: int = Field(8, ge=1)  # renders take 5 ms (icon) to 1 s (page): small batches balance actors
 
 

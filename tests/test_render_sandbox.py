@@ -97,7 +97,7 @@ def test_segfault_costs_one_request_and_the_next_one_renders():
         with pytest.raises(RenderError) as caught:
             sandbox.call(HEADER, deep.encode(), 60)
         assert caught.value.reason == "crashed" and "SIGSEGV" in caught.value.detail
-        reply, png = sandbox.call(HEADER, SMALL, 60)
+        _, png = sandbox.call(HEADER, SMALL, 60)
         assert png.startswith(b"\x89PNG") and sandbox.restarts == 2
     finally:
         sandbox.stop()

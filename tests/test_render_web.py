@@ -82,7 +82,7 @@ def test_no_request_leaves_the_machine_even_to_a_local_server(web):
     hits = []
 
     class Recorder(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the http.server hook name
+        def do_GET(self):
             hits.append(self.path)
             self.send_response(200)
             self.end_headers()
