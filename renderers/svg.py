@@ -1,6 +1,6 @@
 """SVG to PNG: resvg (default) or cairosvg, always in a sandboxed worker process.
 
-Measured on ../shared/data/svg/ (bench/render_svg.py, README): resvg renders about 2.5x as
+Measured on ../shared/data/svg/ (bench/render_svg.py, README): resvg renders about 2.2x as
 many files per CPU-second as cairosvg at the same output size and agrees with Chromium on more
 files, so it is the default; `backend: cairosvg` stays available as the named baseline.
 
