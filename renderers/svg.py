@@ -128,11 +128,20 @@ def render_cairosvg(markup: str, size: int, background: tuple) -> tuple[bytes, l
     return png, [width, height], f"cairosvg {cairosvg.__version__}"
 
 
+PRELOADED_CODECS = ("latin-1", "cp1252", "ascii", "utf-16", "utf-8-sig", "iso8859-15")  # SVGs declare these
+
+
 def preload() -> None:
-    """Import everything a render needs while the worker is still trusted (see sandbox.serve)."""
+    """Import everything a render needs while the worker is still trusted (see sandbox.serve):
+    after the uid drop the interpreter may not be able to read its own library (here it lives
+    under /root, mode 0700), so nothing may be imported lazily, codecs included."""
+    import codecs
+
     import cairosvg  # noqa: F401
     import resvg  # noqa: F401
     from PIL import Image
 
     Image.init()
     resvg_options()
+    for name in PRELOADED_CODECS:
+        codecs.lookup(name)
