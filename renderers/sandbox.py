@@ -268,8 +268,8 @@ def sandbox_exec(limits: Limits, uid: int | None, argv: list[str]) -> None:
     if uid is not None:
         for profile in profiles:
             chown_tree(profile, uid)
-    if profiles:  # Chromium writes caches under $HOME; keep them in the profile it owns
-        os.environ.update(HOME=profiles[0], XDG_CONFIG_HOME=profiles[0], XDG_CACHE_HOME=profiles[0])
+    if profiles:  # Chromium writes caches and its singleton socket under $HOME / $TMPDIR: its own profile
+        os.environ.update(HOME=profiles[0], XDG_CONFIG_HOME=profiles[0], XDG_CACHE_HOME=profiles[0], TMPDIR=profiles[0])
     if os.getpgrp() != os.getpid():
         os.setsid()
     confine(limits, uid)

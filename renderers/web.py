@@ -23,6 +23,7 @@ Isolation, each layer on its own enough to stop what it targets:
 from __future__ import annotations
 
 import mimetypes
+import os
 import shutil
 import sys
 import tempfile
@@ -58,7 +59,6 @@ class WebRenderer:
         self.context = None
         self.page = None
         self.uid: int | None = None
-        self.launcher_dir: str | None = None
         self.context_key: tuple = ()  # (javascript, memory_mb) the page was made with
         self.memory_mb: int | None = None  # the V8 heap cap the browser was launched with
         self.renders_in_context = 0
@@ -163,18 +163,22 @@ class WebRenderer:
         return self.page
 
     def restart_browser(self, options: RenderOptions) -> None:
-        from playwright.sync_api import sync_playwright
-
         self.stop_browser()
-        self.playwright = self.playwright or sync_playwright().start()
+        self.playwright = self.playwright or start_playwright()
         self.uid = allocate_uid()
-        self.launcher_dir = tempfile.mkdtemp(prefix="datapipe-chromium-")
-        self.browser = self.playwright.chromium.launch(
-            executable_path=write_launcher(self.launcher_dir, self.uid), headless=True,
+        launcher_dir = tempfile.mkdtemp(prefix="chromium-", dir=scratch_dir())
+        try:
+            self.browser = self.launch(write_launcher(launcher_dir, self.uid), options)
+        finally:
+            shutil.rmtree(launcher_dir, ignore_errors=True)  # the browser runs; nothing to leave in /tmp
+        self.memory_mb = options.memory_mb
+
+    def launch(self, launcher: str, options: RenderOptions):
+        return self.playwright.chromium.launch(
+            executable_path=launcher, headless=True,
             args=["--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--font-render-hinting=none",
                   "--disable-dev-shm-usage", f"--js-flags=--max-old-space-size={options.memory_mb}"])
-        self.memory_mb = options.memory_mb
 
     def reset_context(self) -> None:
         context, self.context, self.page = self.context, None, None
@@ -193,15 +197,40 @@ class WebRenderer:
                 pass
         if self.uid is not None:
             kill_tree(None, self.uid)
-        if self.launcher_dir:
-            shutil.rmtree(self.launcher_dir, ignore_errors=True)
-            self.launcher_dir = None
 
     def close(self) -> None:
         self.stop_browser()
         if self.playwright is not None:
             self.playwright.stop()
             self.playwright = None
+        shutil.rmtree(scratch_dir(), ignore_errors=True)
+
+
+def scratch_dir() -> str:
+    """This process's temporary folder, which Playwright's driver also uses for browser profiles.
+
+    Ray kills a finished actor without running its clean-up, which would leave a profile (~1.3
+    MB) per browser in /tmp; so each renderer first removes the folders of processes gone."""
+    root = Path(tempfile.gettempdir())
+    for folder in root.glob("datapipe-web-*"):
+        pid = folder.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+    mine = root / f"datapipe-web-{os.getpid()}"
+    mine.mkdir(mode=0o711, exist_ok=True)  # Chromium, under its own uid, must reach its profile inside
+    return str(mine)
+
+
+def start_playwright():
+    """Playwright's driver, with its temporary files (profiles, artifacts) in scratch_dir()."""
+    from playwright.sync_api import sync_playwright
+
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = scratch_dir()
+    try:
+        return sync_playwright().start()
+    finally:
+        os.environ.pop("TMPDIR") if saved is None else os.environ.update(TMPDIR=saved)
 
 
 def write_launcher(folder: str, uid: int | None) -> str:
