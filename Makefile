@@ -5,8 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# System packages: the venv module, and Cairo for cairosvg.
-APT_PACKAGES := python3-venv python3-dev libcairo2
+# System packages: the venv module, Cairo for cairosvg, Chromium and fonts for the web renderer.
+APT_PACKAGES := python3-venv python3-dev libcairo2 chromium fonts-liberation fonts-dejavu-core
 
 .PHONY: demo test install system-deps lint bench bench-deps clean
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0  # the CPU build on local disk; the extras' torch range would pull CUDA
-	$(BIN)/python -m pip install -q -e '.[dev,torch]'
+	$(BIN)/python -m pip install -q -e '.[render,dev,torch]'
 	touch $(STAMP)
 
 # Installs what is missing as root; otherwise prints the one command to run.

@@ -31,6 +31,7 @@ class SourceConfig(Strict):
     paths: list[str] = []  # files, folders or globs; relative paths resolve against the recipe's folder
     text_field: str = "text"  # the column/key that holds the text or code
     id_field: str | None = None  # the column that holds a stable id; None uses file:position
+    file_field: str = "file"  # files sources: the manifest column naming each file, relative to the manifest
     kind: str = "text"  # Document.kind for every record of this source
     count: int = Field(1000, ge=1)  # generators only: how many records to make
     limit: int | None = Field(None, ge=1)  # stop after this many records (sample runs)

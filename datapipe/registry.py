@@ -15,12 +15,15 @@ FILE_READERS: dict[str, str] = {
     "hf_disk": "datapipe.sources:read_hf_disk",  # a folder written by datasets' save_to_disk
     "warc": "datapipe.warc:read_warc",  # WARC/ARC/WET, plain, gzip or lz4; HTML responses as kind "html"
     "html": "datapipe.warc:read_html",  # saved pages (.html, .html.gz), one document each
+    "files": "datapipe.files:read_files",  # one document per file (or per row of a JSONL manifest of files)
 }
 
 # Generators: generate(source_config, seed, start, stop) -> Iterator[Document]; one task per range.
 GENERATORS: dict[str, str] = {
     "pydoc_topics": "datapipe.generators:pydoc_topics",  # the docs every Python install carries
     "python_programs": "datapipe.generators:python_programs",  # seeded, procedurally generated code
+    "svg_programs": "renderers.procedural_svg:svg_programs",  # seeded SVGs: shapes, paths, gradients, text
+    "html_pages": "renderers.procedural_html:html_pages",  # seeded pages: layouts, tables, forms, type
 }
 
 SOURCES: dict[str, str] = {**FILE_READERS, **GENERATORS}
@@ -35,6 +38,9 @@ STAGES: dict[str, str] = {
     "pii": "datapipe.text.pii",  # e-mails, IPs, phone numbers -> typed placeholders
     "dedup": "datapipe.text.dedup",  # exact + MinHash-LSH, global (transform_dataset)
     "tokenize": "tokenizer.stage",
+    "render": "renderers.stage",  # svg/html documents -> images (actor pool, sandboxed, quality-gated)
+    "render_dedupe": "renderers.dedupe",  # near-duplicate renders by perceptual hash, global (one actor)
+    "code_image_samples": "renderers.samples",  # (code, images) -> image-to-code / code-to-image documents
 }
 
 

@@ -191,6 +191,9 @@ def add_stage(dataset, cfg: StageConfig):
     if type(cfg).actor:
         import ray
 
+        # A read task's output is coalesced into blocks of up to 128 MiB, and a whole block goes to
+        # one actor: cut blocks to batch_size rows (streaming, order kept) so the pool shares them.
+        dataset = dataset.repartition(target_num_rows_per_block=cfg.batch_size)
         # The config rides on a subclass, not in constructor arguments, which Ray would park in
         # the object store (and warn that an actor restart could lose them).
         actor_class = type(f"{cfg.stage.title()}Actor", (StageActor,), {"cfg": cfg})

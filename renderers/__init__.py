@@ -1,6 +1,21 @@
 """Renderers: code or markup in, images out; one module a modality.
 
-RENDERERS maps a Document.kind to the "module:attribute" that renders it. It is empty
-until the renderer modules land (SVG, webpages, 3D, CAD).
+RENDERERS maps a Document.kind to the "module:Class" that renders it (renderers.base.Renderer:
+`render(code, asset_dir, options) -> Render` or a RenderError). Classes load lazily, in the
+Ray actor that renders, so importing this package costs nothing.
 """
-RENDERERS: dict[str, str] = {}
+from __future__ import annotations
+
+RENDERERS: dict[str, str] = {
+    "svg": "renderers.svg:SvgRenderer",  # resvg or cairosvg in a sandboxed worker process
+    "html": "renderers.web:WebRenderer",  # Chromium via Playwright, one warm page per actor
+}
+
+
+def make_renderer(kind: str):
+    """A new renderer for `kind`; an unknown kind lists the known ones."""
+    from datapipe.registry import load
+
+    if kind not in RENDERERS:
+        raise KeyError(f"no renderer for kind {kind!r}; known kinds: {', '.join(sorted(RENDERERS))}")
+    return load(RENDERERS[kind])()

@@ -1,0 +1,256 @@
+"""Hostile-SVG checks, run before any renderer sees the markup.
+
+In order, each rejecting fast with its reason:
+1. too_large: more than `max_input_bytes`.
+2. entity_bomb / external_reference: the DTD is read alone (expat, parameter entities off,
+   nothing fetched) and stops at the first element. An entity whose value refers to another
+   entity (the billion-laughs mechanism: 10 levels of 10 references make 10^9), or entities
+   whose references would expand the file past MAX_ENTITY_EXPANSION (the flat, quadratic
+   variant), is a bomb; an external (SYSTEM/PUBLIC) entity is an XXE attempt. Plain text
+   entities, as Adobe Illustrator writes them, pass.
+3. invalid: the tree is parsed (expat, entities now bounded); the root must be <svg>.
+4. too_large: more than MAX_DEPTH nesting (resvg segfaults on 20,000 nested groups) or
+   MAX_EXPANDED_ELEMENTS once every <use> is expanded (a <use> bomb: 10 levels of 10 uses
+   make 10^10 elements; cairosvg spends over 30 s on one).
+5. external_reference: every href/src, url(...) in attributes and <style>, @import and
+   xml-stylesheet must be a fragment (#id), a data: URI, or a relative path to an existing file
+   under the input's asset folder (resolved, symlinks followed), which this process reads and
+   inlines as a data: URI: the sandboxed renderer never opens a file. Anything else (http:, file:,
+   an absolute path, ../ out of the folder, a missing file) is rejected, or with
+   external_refs=strip removed and the tree re-serialized; the stripped markup is then what is
+   rendered and what the training sample shows, so code and picture still match.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import mimetypes
+import re
+import xml.etree.ElementTree as ET
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, unquote_to_bytes
+from xml.parsers import expat
+
+from renderers.base import RenderError, RenderOptions
+
+MAX_ENTITY_EXPANSION = 1 << 20  # characters all entity references may add; 1 MiB is 100x any real SVG's
+MAX_DEPTH = 256  # real SVGs nest < 30 levels
+MAX_NESTED_SVG = 3  # data:image/svg+xml images inside each other
+MAX_EXPANDED_ELEMENTS = 200_000  # a 400 KB emoji has ~5,000 elements; a flag with 50 <use> stars ~600
+SVG_NS = "http://www.w3.org/2000/svg"
+ENTITY_REF = re.compile(r"[&%][A-Za-z_:][\w.:-]*;")
+CSS_URL = re.compile(r"""url\(\s*(['"]?)(.*?)\1\s*\)""", re.IGNORECASE | re.DOTALL)
+CSS_IMPORT = re.compile(r"""@import\s+(?:url\()?\s*['"]?([^'")\s;]+)['"]?\s*\)?[^;]*;?""", re.IGNORECASE)
+STYLESHEET_PI = re.compile(r"<\?xml-stylesheet\b", re.IGNORECASE)
+
+
+@dataclass
+class CheckedSvg:
+    markup: str  # what to render: `code` with local files inlined as data: URIs
+    code: str | None = None  # the re-serialized tree after stripping references; None when unchanged
+    stripped: list[str] = field(default_factory=list)  # references removed (external_refs=strip)
+    local_files: list[tuple[str, str]] = field(default_factory=list)  # (relative reference, data: URI)
+    nesting: int = 0  # how deep inside data:image/svg+xml images this document is
+
+
+class _DtdDone(Exception):
+    """Raised at the first element: the DTD is all the first pass needs."""
+
+
+def check_svg(code: str, asset_dir: Path | None, options: RenderOptions, nesting: int = 0) -> CheckedSvg:
+    data = code.encode("utf-8", "surrogatepass")
+    if len(data) > options.max_input_bytes:
+        raise RenderError("too_large", f"{len(data)} bytes > max_input_bytes={options.max_input_bytes}")
+    check_entities(data)
+    root, namespaces = parse_tree(data)
+    try:
+        check_shape(root)
+    except RecursionError:
+        raise RenderError("too_large", "<use> chains nest too deep") from None
+    return check_references(code, root, namespaces, asset_dir, options, nesting)
+
+
+def check_entities(data: bytes) -> None:
+    entities: dict[str, str] = {}
+    parser = expat.ParserCreate()
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+
+    def on_entity(name, is_parameter, value, base, system_id, public_id, notation):
+        if value is None:
+            raise RenderError("external_reference", f"external entity {name!r} -> {system_id or public_id}")
+        if ENTITY_REF.search(value):
+            raise RenderError("entity_bomb", f"entity {name!r} refers to other entities")
+        entities[name] = value
+
+    def on_start(*_):
+        raise _DtdDone
+
+    parser.EntityDeclHandler = on_entity
+    parser.StartElementHandler = on_start
+    try:
+        parser.Parse(data, True)
+    except _DtdDone:
+        pass
+    except expat.ExpatError as err:
+        raise RenderError("invalid", f"XML: {err}") from None
+    expansion = sum(len(value) * data.count(f"&{name};".encode()) for name, value in entities.items())
+    if expansion > MAX_ENTITY_EXPANSION:
+        raise RenderError("entity_bomb", f"entity references expand to {expansion:,} characters")
+
+
+def parse_tree(data: bytes) -> tuple[ET.Element, dict[str, str]]:
+    """The element tree and the namespace prefixes the document declared (prefix -> uri)."""
+    namespaces: dict[str, str] = {}
+    depth, root = 0, None
+    try:
+        for event, item in ET.iterparse(io.BytesIO(data), events=("start-ns", "start", "end")):
+            if event == "start-ns":
+                namespaces.setdefault(*item)
+            elif event == "start":
+                root = item if root is None else root
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise RenderError("too_large", f"elements nest deeper than {MAX_DEPTH}")
+            else:
+                depth -= 1
+    except ET.ParseError as err:
+        raise RenderError("invalid", f"XML: {err}") from None
+    if root is None or local_name(root.tag) != "svg":
+        raise RenderError("invalid", f"root element is <{local_name(root.tag) if root is not None else ''}>, not <svg>")
+    return root, namespaces
+
+
+def local_name(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
+
+
+def check_shape(root: ET.Element) -> None:
+    """Reject <use> amplification: count elements as the renderer would after expanding every use."""
+    by_id = {el.get("id"): el for el in root.iter() if el.get("id")}
+    sizes: dict[int, int] = {}
+
+    def expanded(el: ET.Element, active: frozenset) -> int:
+        key = id(el)
+        if key in sizes:
+            return sizes[key]
+        total = 1 + sum(expanded(child, active) for child in el)
+        target = by_id.get(href_of(el).removeprefix("#")) if local_name(el.tag) == "use" else None
+        if target is not None and id(target) not in active:  # a use cycle renders nothing; renderers skip it
+            total += expanded(target, active | {key})
+        sizes[key] = total
+        if total > MAX_EXPANDED_ELEMENTS:
+            raise RenderError("too_large", f"<use> expands to more than {MAX_EXPANDED_ELEMENTS:,} elements")
+        return total
+
+    expanded(root, frozenset())
+
+
+def href_of(el: ET.Element) -> str:
+    return next((value for name, value in el.attrib.items() if local_name(name) == "href"), "")
+
+
+def check_references(code: str, root: ET.Element, namespaces: dict[str, str], asset_dir: Path | None,
+                     options: RenderOptions, nesting: int) -> CheckedSvg:
+    result = CheckedSvg(markup=code, nesting=nesting)
+    if STYLESHEET_PI.search(code):
+        outside(result, "<?xml-stylesheet?>", options)
+    for el in root.iter():
+        for name, value in list(el.attrib.items()):
+            if local_name(el.tag) == "a" and local_name(name) == "href":
+                continue  # a link is never fetched by a renderer
+            if local_name(name) in ("href", "src") and not is_allowed(value, asset_dir, result, options):
+                outside(result, value, options)
+                del el.attrib[name]
+            elif "url(" in value.lower():
+                el.set(name, clean_css(value, asset_dir, result, options))
+        if local_name(el.tag) == "style" and el.text:
+            el.text = clean_css(el.text, asset_dir, result, options)
+    if result.stripped:
+        result.code = result.markup = serialize(root, namespaces)
+    result.markup = inline_local_files(result.markup, result.local_files)
+    return result
+
+
+def clean_css(css: str, asset_dir: Path | None, result: CheckedSvg, options: RenderOptions) -> str:
+    def on_import(match: re.Match) -> str:
+        outside(result, match.group(1), options)  # an imported sheet is never inlined: it is code we did not check
+        return ""
+
+    def on_url(match: re.Match) -> str:
+        if is_allowed(match.group(2).strip(), asset_dir, result, options):
+            return match.group(0)
+        outside(result, match.group(2), options)
+        return "none"
+
+    return CSS_URL.sub(on_url, CSS_IMPORT.sub(on_import, css))
+
+
+def outside(result: CheckedSvg, reference: str, options: RenderOptions) -> None:
+    if options.external_refs == "reject":
+        raise RenderError("external_reference", reference[:200])
+    result.stripped.append(reference[:200])
+
+
+def is_allowed(reference: str, asset_dir: Path | None, result: CheckedSvg, options: RenderOptions) -> bool:
+    """A fragment, a data: URI (an embedded SVG passing these same checks), or an existing file
+    inside asset_dir, no larger than max_input_bytes (kept in local_files as (reference, data: URI))."""
+    reference = reference.strip()
+    if not reference or reference.startswith("#"):
+        return True
+    if reference.lower().startswith("data:"):
+        return is_safe_data(reference, asset_dir, result, options)
+    if asset_dir is None or re.match(r"^[a-zA-Z][\w+.-]*:|^[/\\]", reference):
+        return False  # a scheme (http:, file:, javascript:), an absolute or protocol-relative path
+    path = unquote(reference.split("#", 1)[0].split("?", 1)[0])
+    resolved = (asset_dir / path).resolve()
+    if not (resolved.is_file() and resolved.is_relative_to(asset_dir.resolve())):
+        return False
+    if resolved.stat().st_size > options.max_input_bytes:
+        raise RenderError("too_large", f"{reference}: {resolved.stat().st_size} bytes")
+    mime = mimetypes.guess_type(resolved.name)[0] or "application/octet-stream"
+    uri = f"data:{mime};base64,{base64.b64encode(resolved.read_bytes()).decode()}"
+    if is_safe_data(uri, None, result, options):
+        result.local_files.append((reference, uri))
+        return True
+    return False
+
+
+def inline_local_files(markup: str, local_files: list[tuple[str, str]]) -> str:
+    """Local references become data: URIs, so the sandboxed renderer never opens a file."""
+    for reference, uri in dict(local_files).items():
+        for quote in ('"', "'", "(", "('", '("'):
+            close = {"(": ")", "('": "')", '("': '")'}.get(quote, quote)
+            markup = markup.replace(f"{quote}{reference}{close}", f"{quote}{uri}{close}")
+    return markup
+
+
+def is_safe_data(uri: str, asset_dir: Path | None, result: CheckedSvg, options: RenderOptions) -> bool:
+    """Renderers draw an embedded SVG image with the same powers as the outer one: check it too.
+    Its own external references reject it whatever external_refs says (it is not re-serialized)."""
+    head, _, body = uri.partition(",")
+    if "image/svg" not in head.lower():
+        return True
+    if result.nesting >= MAX_NESTED_SVG:
+        raise RenderError("too_large", f"SVG images nested deeper than {MAX_NESTED_SVG}")
+    data = base64.b64decode(body + "===", validate=False) if ";base64" in head.lower() else unquote_to_bytes(body)
+    if data[:2] == b"\x1f\x8b":  # svgz
+        data = zlib.decompressobj(wbits=31).decompress(data, options.max_input_bytes)
+    strict = options.model_copy(update={"external_refs": "reject"})
+    try:
+        check_svg(data.decode("utf-8", "replace"), asset_dir, strict, result.nesting + 1)
+    except RenderError as err:
+        if options.external_refs == "reject" or err.reason != "external_reference":
+            raise
+        return False
+    return True
+
+
+def serialize(root: ET.Element, namespaces: dict[str, str]) -> str:
+    """The tree as markup, keeping the document's own prefixes (svg as the default namespace)."""
+    for prefix, uri in namespaces.items():
+        if prefix and not re.match(r"ns\d+$", prefix):
+            ET.register_namespace(prefix, uri)
+    ET.register_namespace("", SVG_NS)
+    return ET.tostring(root, encoding="unicode")

@@ -1,0 +1,176 @@
+"""The SVG renderer with real resvg and cairosvg: pixels where they belong, hostile input rejected."""
+import base64
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from renderers.base import RenderError, RenderOptions
+from renderers.svg import SvgRenderer
+
+SHARED_SVG = Path(__file__).resolve().parents[2] / "shared" / "data" / "svg"
+SVG = 'xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"'
+RED_SQUARE = f'<svg {SVG} width="100" height="50"><rect x="0" y="0" width="50" height="50" fill="#f00"/></svg>'
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    svg = SvgRenderer()
+    yield svg
+    svg.close()
+
+
+def rgb(png: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+
+def reject_reason(renderer, code: str, asset_dir=None, **options) -> str:
+    with pytest.raises(RenderError) as caught:
+        renderer.render(code, asset_dir, RenderOptions(**options))
+    return caught.value.reason
+
+
+@pytest.mark.parametrize("backend", ["resvg", "cairosvg"])
+def test_a_red_square_is_red_where_it_should_be(renderer, backend):
+    result = renderer.render(RED_SQUARE, None, RenderOptions(size=200, svg_backend=backend))
+    pixels = rgb(result.images[0])
+    assert pixels.shape == (100, 200, 3)  # longer side = size, aspect ratio kept
+    assert (pixels[10:90, 10:90] == [255, 0, 0]).all()  # the square, scaled x2
+    assert (pixels[10:90, 110:190] == [255, 255, 255]).all()  # the white background beside it
+    assert result.meta["renderer"] == backend and result.meta["sizes"] == [[200, 100]]
+
+
+def test_same_input_same_pixels(renderer):
+    svg = f'<svg {SVG} viewBox="0 0 10 10"><circle cx="5" cy="5" r="4" fill="teal"/><text x="1" y="9">Ag</text></svg>'
+    first, second = (renderer.render(svg, None, RenderOptions(size=128)).images[0] for _ in range(2))
+    assert first == second
+
+
+def test_transparent_background(renderer):
+    pixels = np.asarray(Image.open(io.BytesIO(
+        renderer.render(RED_SQUARE, None, RenderOptions(size=100, background="transparent")).images[0])).convert("RGBA"))
+    assert pixels[25, 75, 3] == 0 and pixels[25, 25, 3] == 255
+
+
+def billion_laughs(levels: int = 9) -> str:
+    entities = ['<!ENTITY lol "lol">'] + [
+        f'<!ENTITY lol{i} "{("&lol%s;" % (i - 1 if i > 1 else "")) * 10}">' for i in range(1, levels + 1)]
+    return f'<?xml version="1.0"?><!DOCTYPE svg [{"".join(entities)}]><svg {SVG}><text>&lol{levels};</text></svg>'
+
+
+def test_billion_laughs_is_rejected_fast(renderer):
+    start = time.monotonic()
+    assert reject_reason(renderer, billion_laughs()) == "entity_bomb"
+    assert time.monotonic() - start < 1.0  # before any expansion; expanded it is 3 GB
+
+
+def test_flat_quadratic_entity_expansion_is_rejected(renderer):
+    big = "x" * 50_000
+    svg = f'<!DOCTYPE svg [<!ENTITY big "{big}">]><svg {SVG}><text>{"&big;" * 100}</text></svg>'
+    assert reject_reason(renderer, svg) == "entity_bomb"
+
+
+def test_plain_entities_as_illustrator_writes_them_still_render(renderer):
+    svg = (f'<!DOCTYPE svg [<!ENTITY red "#ff0000">]><svg {SVG} width="10" height="10">'
+           '<rect width="10" height="10" fill="&red;"/></svg>')
+    assert (rgb(renderer.render(svg, None, RenderOptions(size=16)).images[0]) == [255, 0, 0]).all()
+
+
+def test_external_entity_xxe_is_rejected(renderer):
+    svg = f'<!DOCTYPE svg [<!ENTITY xxe SYSTEM "file:///etc/hostname">]><svg {SVG}><text>&xxe;</text></svg>'
+    assert reject_reason(renderer, svg) == "external_reference"
+
+
+@pytest.mark.skipif(not (SHARED_SVG / "svgo_fixtures").exists(), reason="../shared/data/svg is absent")
+@pytest.mark.parametrize("name", ["billion-laughs.svg", "billion-laughs-flat.svg"])
+def test_shared_billion_laughs_fixtures_are_rejected_fast(renderer, name):
+    start = time.monotonic()
+    code = (SHARED_SVG / "svgo_fixtures" / "svgo" / name).read_text()
+    assert reject_reason(renderer, code) == "entity_bomb"
+    assert time.monotonic() - start < 1.0
+
+
+def use_bomb(levels: int = 9) -> str:
+    defs = '<rect id="l0" width="1" height="1"/>' + "".join(
+        f'<g id="l{i}">' + "".join(f'<use xlink:href="#l{i - 1}" x="{j}"/>' for j in range(10)) + "</g>"
+        for i in range(1, levels))
+    return f'<svg {SVG} width="100" height="100"><defs>{defs}</defs><use xlink:href="#l{levels - 1}"/></svg>'
+
+
+def test_use_amplification_bomb_is_rejected_fast(renderer):
+    start = time.monotonic()
+    assert reject_reason(renderer, use_bomb()) == "too_large"  # 10^8 elements once expanded
+    assert time.monotonic() - start < 2.0
+
+
+def test_deep_nesting_is_rejected_before_it_reaches_resvg(renderer):
+    deep = f'<svg {SVG}>' + "<g>" * 20_000 + "<rect/>" + "</g>" * 20_000 + "</svg>"
+    assert reject_reason(renderer, deep) == "too_large"
+
+
+@pytest.mark.parametrize("reference", [
+    "file:///etc/hostname", "/etc/hostname", "http://127.0.0.1:9/x.png", "//example.com/x.png", "../outside.png",
+])
+def test_external_references_are_rejected(renderer, tmp_path, reference):
+    folder = tmp_path / "assets"
+    folder.mkdir()
+    (tmp_path / "outside.png").write_bytes(red_png())
+    svg = f'<svg {SVG} width="10" height="10"><image href="{reference}" width="10" height="10"/></svg>'
+    assert reject_reason(renderer, svg, folder) == "external_reference"
+
+
+def test_references_in_css_and_stylesheets_are_rejected(renderer):
+    for svg in [f'<svg {SVG}><style>@import url("http://x/a.css");</style></svg>',
+                f'<svg {SVG}><rect fill="url(file:///etc/passwd#x)" width="5" height="5"/></svg>',
+                f'<?xml-stylesheet href="http://x/a.css"?><svg {SVG}/>']:
+        assert reject_reason(renderer, svg) == "external_reference"
+
+
+def test_a_symlink_out_of_the_asset_folder_is_rejected(renderer, tmp_path):
+    folder = tmp_path / "assets"
+    folder.mkdir()
+    (tmp_path / "secret.png").write_bytes(red_png())
+    (folder / "link.png").symlink_to(tmp_path / "secret.png")
+    svg = f'<svg {SVG} width="10" height="10"><image href="link.png" width="10" height="10"/></svg>'
+    assert reject_reason(renderer, svg, folder) == "external_reference"
+
+
+def test_a_local_asset_inside_the_folder_is_drawn(renderer, tmp_path):
+    (tmp_path / "red.png").write_bytes(red_png())
+    svg = f'<svg {SVG} width="10" height="10"><image href="red.png" width="10" height="10"/></svg>'
+    pixels = rgb(renderer.render(svg, tmp_path, RenderOptions(size=20)).images[0])
+    assert (pixels[5:15, 5:15] == [255, 0, 0]).all()
+
+
+def test_strip_mode_removes_references_and_renders_the_rest(renderer):
+    svg = (f'<svg {SVG} width="10" height="10"><rect width="10" height="10" fill="#00f"/>'
+           '<image href="file:///etc/hostname" width="10" height="10"/></svg>')
+    result = renderer.render(svg, None, RenderOptions(size=20, external_refs="strip"))
+    assert result.meta["stripped_refs"] == ["file:///etc/hostname"]
+    assert "/etc/hostname" not in result.code and "<image" in result.code  # the markup the sample will show
+    assert (rgb(result.images[0]) == [0, 0, 255]).all()
+
+
+def test_an_embedded_svg_image_gets_the_same_checks(renderer):
+    inner = f'<svg {SVG}><image href="file:///etc/hostname" width="5" height="5"/></svg>'
+    data = base64.b64encode(inner.encode()).decode()
+    svg = f'<svg {SVG} width="10" height="10"><image href="data:image/svg+xml;base64,{data}" width="9" height="9"/></svg>'
+    assert reject_reason(renderer, svg) == "external_reference"
+    bomb = base64.b64encode(billion_laughs().encode()).decode()
+    svg = f'<svg {SVG} width="10" height="10"><image href="data:image/svg+xml;base64,{bomb}" width="9" height="9"/></svg>'
+    assert reject_reason(renderer, svg) == "entity_bomb"
+
+
+def test_malformed_and_oversized_inputs(renderer):
+    assert reject_reason(renderer, "<svg><rect></svg>") == "invalid"
+    assert reject_reason(renderer, "<html><body/></html>") == "invalid"
+    assert reject_reason(renderer, RED_SQUARE + " " * 5000, max_input_bytes=4096) == "too_large"
+
+
+def red_png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (10, 10), (255, 0, 0)).save(buffer, "PNG")
+    return buffer.getvalue()

@@ -1,0 +1,148 @@
+"""The webpage renderer with real Chromium: pixels, isolation (no network, no files outside the
+page's folder), a JS time budget, and crashes that cost one reject while the browser lives on."""
+import http.server
+import io
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from renderers.base import RenderError, RenderOptions
+from renderers.sandbox import processes_of
+from renderers.web import WebRenderer
+
+OPTIONS = RenderOptions(viewports=[(320, 200)], timeout_s=5)
+RED_BOX = '<html><body style="margin:0;background:#fff"><div style="width:100px;height:50px;background:#f00"></div></body></html>'
+
+
+@pytest.fixture(scope="module")
+def web():
+    renderer = WebRenderer()
+    yield renderer
+    renderer.close()
+
+
+def rgb(png: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+
+def red_pixels(png: bytes) -> int:
+    pixels = rgb(png).astype(int)
+    return int(((pixels[..., 0] > 200) & (pixels[..., 1] < 60) & (pixels[..., 2] < 60)).sum())
+
+
+def reject_reason(web, html: str, asset_dir=None, options=OPTIONS) -> str:
+    with pytest.raises(RenderError) as caught:
+        web.render(html, asset_dir, options)
+    return caught.value.reason
+
+
+def test_a_red_box_is_red_where_it_should_be(web):
+    result = web.render(RED_BOX, None, OPTIONS)
+    pixels = rgb(result.images[0])
+    assert pixels.shape == (200, 320, 3)
+    assert (pixels[5:45, 5:95] == [255, 0, 0]).all() and (pixels[100:190, 150:310] == [255, 255, 255]).all()
+    assert result.meta["renderer"] == "chromium" and result.meta["sizes"] == [[320, 200]]
+
+
+def test_several_viewports_and_full_page(web):
+    tall = '<html><body style="margin:0"><div style="height:3000px;background:linear-gradient(#f00,#00f)"></div></body></html>'
+    options = RenderOptions(viewports=[(320, 200), (200, 400)], full_page=True, max_height=1000, timeout_s=5)
+    result = web.render(tall, None, options)
+    assert result.meta["sizes"] == [[320, 1000], [200, 1000]]  # the whole page, capped at max_height
+
+
+def test_local_assets_in_the_page_folder_are_served(web, tmp_path):
+    (tmp_path / "css").mkdir()
+    (tmp_path / "css" / "site.css").write_text("body { background: #0000ff; margin: 0 }")
+    result = web.render('<html><head><link rel="stylesheet" href="css/site.css"></head><body></body></html>',
+                        tmp_path, OPTIONS)
+    assert (rgb(result.images[0])[50, 50] == [0, 0, 255]).all()
+
+
+def test_files_outside_the_page_folder_are_never_shown(web, tmp_path):
+    folder = tmp_path / "site"
+    folder.mkdir()
+    red = io.BytesIO()
+    Image.new("RGB", (200, 200), (255, 0, 0)).save(red, "PNG")
+    (tmp_path / "secret.png").write_bytes(red.getvalue())
+    (folder / "link.png").symlink_to(tmp_path / "secret.png")
+    page = (f'<html><body style="margin:0"><img src="file://{tmp_path}/secret.png"><img src="../secret.png">'
+            f'<img src="link.png"><iframe src="file://{tmp_path}/secret.png"></iframe>'
+            f'<object data="file://{tmp_path}/secret.png"></object></body></html>')
+    result = web.render(page, folder, OPTIONS)
+    assert red_pixels(result.images[0]) == 0
+    assert any("link.png" in url for url in result.meta["blocked_requests"])
+
+
+def test_no_request_leaves_the_machine_even_to_a_local_server(web):
+    hits = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    page = (f'<html><body><img src="{base}/img"><link rel="stylesheet" href="{base}/css"><script>'
+            f'fetch("{base}/fetch").catch(() => 0); navigator.sendBeacon("{base}/beacon", "x");'
+            f'try {{ new WebSocket("ws://127.0.0.1:{server.server_port}/ws"); }} catch (e) {{}}'
+            f'</script><iframe src="http://localhost:{server.server_port}/frame"></iframe></body></html>')
+    try:
+        web.render(page, None, OPTIONS)
+        web.render(RED_BOX, None, OPTIONS)  # time for late requests to land, had any escaped
+    finally:
+        server.shutdown()
+    assert hits == []
+
+
+def test_an_infinite_loop_ends_as_a_timeout_and_the_browser_stays_healthy(web):
+    web.render(RED_BOX, None, OPTIONS)
+    browser = web.browser
+    assert reject_reason(web, "<html><body><script>while (true) {}</script></body></html>",
+                         options=RenderOptions(viewports=[(320, 200)], timeout_s=2)) == "timeout"
+    assert web.browser is browser and browser.is_connected()
+    assert red_pixels(web.render(RED_BOX, None, OPTIONS).images[0]) == 100 * 50
+
+
+def test_javascript_off_renders_the_static_markup(web):
+    page = '<html><body style="margin:0;background:#fff"><script>document.body.style.background = "#f00"</script></body></html>'
+    assert red_pixels(web.render(page, None, OPTIONS).images[0]) == 320 * 200
+    static = RenderOptions(viewports=[(320, 200)], javascript=False, timeout_s=5)
+    assert red_pixels(web.render(page, None, static).images[0]) == 0
+
+
+def test_a_page_that_crashes_its_renderer_costs_one_reject(web):
+    bomb = "<html><body><script>let a = []; while (true) a.push(new Array(1e6).fill(1.5));</script></body></html>"
+    options = RenderOptions(viewports=[(320, 200)], timeout_s=30, memory_mb=128)
+    assert reject_reason(web, bomb, options=options) in ("crashed", "timeout")
+    assert red_pixels(web.render(RED_BOX, None, options).images[0]) == 100 * 50
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Chromium runs under a uid of its own only when started as root")
+def test_a_killed_browser_is_replaced_and_leaves_nothing_behind(web):
+    web.render(RED_BOX, None, OPTIONS)
+    uid = web.uid
+    for pid in processes_of(uid):
+        os.kill(pid, signal.SIGKILL)  # only Chromium's processes: the uid is this renderer's alone
+    assert red_pixels(web.render(RED_BOX, None, OPTIONS).images[0]) == 100 * 50
+    assert web.uid != uid and processes_of(uid) == []
+    web.close()
+    assert processes_of(web.uid) == []
+
+
+def test_same_page_same_pixels(web):
+    page = '<html><body><script>document.write(Math.random())</script><p style="font:20px serif">Ag</p></body></html>'
+    first, second = (web.render(page, None, OPTIONS).images[0] for _ in range(2))
+    assert first == second  # Math.random is seeded; fonts are the machine's own
