@@ -42,6 +42,7 @@ class RunStats:
         self.rejected_bytes: Counter[str] = Counter()  # by reason
         self.languages: Counter[str] = Counter()  # written records by meta["language"]
         self.lengths = {"written": Counter(), "rejected": Counter()}  # by length_bucket(len(text))
+        self.pii: Counter[str] = Counter()  # redactions by kind (meta["pii"], set by the pii stage)
         self.tokens = 0
         self.packing: dict[str, Any] = {}
         self.wall_s = 0.0
@@ -52,6 +53,7 @@ class RunStats:
         self.stage_passed.update(doc["meta"].get("transforms", []))
         bytes_in = doc["meta"].get("bytes_in", {})
         self.stage_bytes_in.update(bytes_in)
+        self.pii.update(doc["meta"].get("pii", {}))
         if doc["reject"]:
             stage = doc["reject"].split(".", 1)[0]
             size = bytes_in.get(stage) or len(doc["text"].encode("utf-8", "surrogatepass"))
@@ -89,6 +91,8 @@ class RunStats:
             "rejected": dict(self.rejected.most_common()),
             "rejected_bytes": dict(self.rejected_bytes.most_common()),
             "stages": {s: self.stage_counts(s) for s in dict.fromkeys([*self.stage_passed, *self.stage_rejected])},
+            "rules": self.rule_counts(),
+            "pii_redactions": dict(self.pii.most_common()),
             "languages": dict(self.languages.most_common()),
             "length_histogram": {k: ordered_buckets(v) for k, v in self.lengths.items()},
             "tokens": self.tokens,
@@ -102,6 +106,27 @@ class RunStats:
         bytes_in, bytes_rejected = self.stage_bytes_in[stage], self.stage_bytes_rejected[stage]
         return {"in": kept + rejected, "kept": kept, "rejected": rejected, "bytes_in": bytes_in,
                 "bytes_kept": max(bytes_in - bytes_rejected, 0), "bytes_rejected": bytes_rejected}
+
+    def rule_counts(self) -> dict[str, dict[str, int]]:
+        """Per filter rule group ("quality.c4"), documents and bytes in, kept and dropped.
+
+        Groups run in the stage module's RULE_ORDER and the first failure rejects, so a group's
+        input is the stage's input less what the groups before it dropped."""
+        from datapipe import registry
+
+        rules = {}
+        for stage in dict.fromkeys([*self.stage_passed, *self.stage_rejected]):
+            order = getattr(registry.stage_module(stage), "RULE_ORDER", ()) if stage in registry.STAGES else ()
+            docs_in, bytes_in = self.stage_counts(stage)["in"], self.stage_bytes_in[stage]
+            for group in order:
+                prefix = f"{stage}.{group}."
+                dropped = sum(n for reason, n in self.rejected.items() if reason.startswith(prefix))
+                dropped_bytes = sum(n for reason, n in self.rejected_bytes.items() if reason.startswith(prefix))
+                rules[f"{stage}.{group}"] = {"in": docs_in, "kept": docs_in - dropped, "dropped": dropped,
+                                             "bytes_in": bytes_in, "bytes_kept": max(bytes_in - dropped_bytes, 0),
+                                             "bytes_dropped": dropped_bytes}
+                docs_in, bytes_in = docs_in - dropped, max(bytes_in - dropped_bytes, 0)
+        return rules
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2))
@@ -162,6 +187,10 @@ def summary_table(stats: dict[str, Any], title: str) -> Table:
         if "bytes_in" in counts:
             table.add_row(f"stage {stage}: in / kept / rejected", f"{counts['in']:,} / {counts['kept']:,} / "
                           f"{counts['rejected']:,} ({megabytes(counts['bytes_in'])} in)")
+    for rule, counts in stats.get("rules", {}).items():
+        table.add_row(f"  rule {rule}: in / kept / dropped", f"{counts['in']:,} / {counts['kept']:,} / {counts['dropped']:,}")
+    if stats.get("pii_redactions"):
+        table.add_row("PII redacted", ", ".join(f"{kind} {n:,}" for kind, n in stats["pii_redactions"].items()))
     if set(stats.get("languages", {})) - {"unknown"}:
         top = ", ".join(f"{lang} {n:,}" for lang, n in list(stats["languages"].items())[:6])
         table.add_row("languages written", top)

@@ -89,6 +89,11 @@ def test_cleaning_recipe_end_to_end_on_ray(tmp_path, tiny_tokenizer, ray_session
         counts = stats["stages"][stage]
         assert counts["in"] == counts["kept"] + counts["rejected"] and counts["bytes_in"] > 0
     assert stats["stages"]["extract"]["in"] == 34 and stats["languages"] == {"en": 31}
+    rules, quality_in = stats["rules"], stats["stages"]["quality"]["in"]
+    assert list(rules) == [f"quality.{g}" for g in ("gopher_repetition", "gopher_quality", "c4", "fineweb")]
+    assert rules["quality.gopher_repetition"] == {**rules["quality.gopher_repetition"], "in": quality_in, "dropped": 1}
+    assert rules["quality.gopher_quality"]["in"] == rules["quality.fineweb"]["kept"] == quality_in - 1
+    assert stats["pii_redactions"] == {"email": 1}  # "bob@example.com" in the "mail" document
     rejects = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "rejects" / "rejects.jsonl").open())}
     assert rejects["docs/copy-of-warc-0"]["meta"]["dedup"]["cluster"].startswith("crawl/")
     assert rejects["docs/dup"]["meta"]["dedup"] == {"cluster": "docs/j0", "size": 2}
