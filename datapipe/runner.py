@@ -42,6 +42,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
     console = console or Console(stderr=True)
     out = prepare_out_dir(Path(out_dir or Path("out") / recipe.name), recipe)
     connect(recipe.ray, ray_address)
+    check_actor_cpus(recipe)
     stats = RunStats(recipe.name)  # before the plan: a global stage (dedup) does work while planning
     dataset = build_plan(recipe)
     ids = special_ids(recipe)
@@ -176,6 +177,21 @@ def batched_tables(documents: Iterator[Document]) -> Iterator[Any]:
             batch = []
     if batch:
         yield docs_to_table(batch)
+
+
+def check_actor_cpus(recipe: Recipe) -> None:
+    """Fail now, not hang later: actor pools hold their CPUs for the whole run, and the read and
+    function tasks need at least one more CPU, else Ray waits forever for a free one."""
+    import ray
+
+    total = ray.cluster_resources().get("CPU", 0)
+    held = {cfg.stage: (cfg.concurrency or 1) * (cfg.num_cpus if cfg.num_cpus is not None else 1)
+            for cfg in recipe.stages if type(cfg).actor}
+    if held and sum(held.values()) > total - 1:
+        pools = ", ".join(f"{stage} {cpus:g}" for stage, cpus in held.items())
+        raise RecipeError(f"actor stages hold {sum(held.values()):g} CPUs all run long ({pools}) but Ray has "
+                          f"{total:g}, and reading needs one more: lower their concurrency or num_cpus, or "
+                          f"set ray.num_cpus to at least {sum(held.values()) + 1:g} (logical CPUs may exceed cores)")
 
 
 def add_stage(dataset, cfg: StageConfig):

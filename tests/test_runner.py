@@ -107,6 +107,13 @@ def test_run_refuses_a_foreign_non_empty_folder(finished_run, tmp_path, capsys):
     assert (tmp_path / "precious.txt").exists()
 
 
+def test_run_refuses_actor_pools_that_would_starve_reading(finished_run, tmp_path, capsys):
+    recipe = str(finished_run.parent / "tiny.yaml")
+    assert cli.main(["run", recipe, "--out", str(tmp_path / "o"), "--set", "stages.tokenize.concurrency=2"]) == 2
+    message = capsys.readouterr().err
+    assert "actor stages hold 2 CPUs" in message and "tokenize 2" in message and "ray.num_cpus" in message
+
+
 def test_a_stage_error_rejects_only_the_failing_record():
     def shout(docs):
         for doc in docs:
