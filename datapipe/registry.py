@@ -27,6 +27,7 @@ SOURCES: dict[str, str] = {**FILE_READERS, **GENERATORS}
 # returns a callable from a list of documents to a list of documents.
 STAGES: dict[str, str] = {
     "normalize": "datapipe.text.normalize",
+    "rephrase": "datapipe.text.rephrase",  # K rewrites per document with an LLM (local, OpenAI HTTP, vLLM)
     "tokenize": "tokenizer.stage",
 }
 

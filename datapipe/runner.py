@@ -138,7 +138,8 @@ def batched_tables(documents: Iterator[Document]) -> Iterator[Any]:
 
 def add_stage(dataset, cfg: StageConfig):
     common = {"batch_size": cfg.batch_size, "batch_format": "pyarrow"}
-    resources = {"num_cpus": cfg.num_cpus} if cfg.num_cpus is not None else {}
+    resources = {key: value for key, value in (("num_cpus", cfg.num_cpus), ("num_gpus", cfg.num_gpus))
+                 if value is not None}
     if type(cfg).actor:
         import ray
 
