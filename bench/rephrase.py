@@ -31,17 +31,17 @@ SAMPLE = REPO / "recipes" / "data" / "rephrase_facts.jsonl"
 H200 = REPO / "bench" / "results" / "rephrase_h200.json"
 
 
-def load_texts(count: int) -> tuple[list[str], str]:
+def load_texts(count: int, path: Path) -> tuple[list[str], str]:
     """English web documents of 300-1500 characters; the shipped sample facts when shared/ is absent."""
-    if SHARED.is_file():
+    if path.is_file():
         texts = []
-        with gzip.open(SHARED, "rt", encoding="utf-8") as lines:
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
             for line in lines:
                 row = json.loads(line)
                 if row.get("lang_detected") == "en" and 300 <= len(row["text"]) <= 1500:
                     texts.append(row["text"])
                 if len(texts) == count:
-                    return texts, "shared/web_docs"
+                    return texts, "web_docs"
     facts = [json.loads(line)["text"] for line in SAMPLE.open()]
     return [facts[i % len(facts)] for i in range(count)], "recipes/data/rephrase_facts"
 
@@ -99,12 +99,13 @@ def main() -> None:
     parser.add_argument("--unbatched-docs", type=int, default=None, help="time one-at-a-time on the first N only")
     parser.add_argument("--stage-docs", type=int, default=0, help="also run the whole stage on N documents")
     parser.add_argument("--save", type=Path, help="write the results as JSON here")
+    parser.add_argument("--data", type=Path, default=SHARED, help="web_docs.jsonl.gz (default: ../shared/data)")
     args = parser.parse_args()
 
     from datapipe.llm.base import BackendConfig
     from datapipe.llm.local import LocalBackend
 
-    texts, origin = load_texts(max(args.docs, args.stage_docs))
+    texts, origin = load_texts(max(args.docs, args.stage_docs), args.data)
     backend = LocalBackend(BackendConfig(device=args.device, max_batch=args.batch))
     requests = make_requests(backend, texts[: args.docs], args.max_new_tokens)
     single = requests[: args.unbatched_docs or len(requests)]

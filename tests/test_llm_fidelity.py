@@ -41,6 +41,14 @@ def test_unrelated_text_fails_cosine_and_names(cosines):
     assert [f.split()[0] for f in failed] == ["cosine", "numbers", "entities"]
 
 
+def test_an_echo_of_the_source_is_no_rephrasing():
+    echo = SOURCE + " However, I made a small punctuation mistake."  # what SmolLM2 sometimes answers
+    scores = fidelity.score(SOURCE, echo, None)
+    assert scores["overlap"] == 1.0
+    assert fidelity.failures(scores, FidelityConfig()) == ["overlap 1.0 > 0.8"]
+    assert fidelity.score(SOURCE, PARAPHRASE, None)["overlap"] < 0.5  # keeps a name, not the sentences
+
+
 def test_numbers_ignore_thousands_separators_and_length_is_bounded():
     assert fidelity.numbers("It cost 7,799,401 francs in 1889.") == {"7799401", "1889"}
     assert fidelity.score("7799401 francs", "7,799,401 francs", None)["numbers"] == 1.0

@@ -8,14 +8,14 @@ Five scores per chunk, each with a bound from the recipe:
 - entities: the share of the source's capitalized names (not sentence-initial) found in the
   rewrite, case-insensitively: a cheap stand-in for named-entity recall with no NER model;
 - length_ratio: rewrite characters / source characters, inside [min, max];
-- overlap: word-sequence similarity (difflib ratio); a near-verbatim copy (small models often
-  echo their input) is no rephrasing and teaches the trainer nothing new.
+- overlap: the share of the source's word 5-grams found verbatim in the rewrite; a copy (small
+  models often echo their input, sometimes with chatter after it) is no rephrasing and teaches
+  the trainer nothing new. A true paraphrase keeps a few names and phrases: ~0.0-0.5.
 `failures` names every check below its bound; the stage retries with another style, then
 rejects with `rephrase.fidelity_low` and the scores in meta.
 """
 from __future__ import annotations
 
-import difflib
 import re
 
 from pydantic import Field
@@ -35,7 +35,7 @@ class FidelityConfig(Strict):
     min_entity_recall: float = Field(0.5, ge=0, le=1)  # names are often pronominalized; half must stay
     min_length_ratio: float = Field(0.3, gt=0)  # a key-facts list may keep a third of the characters
     max_length_ratio: float = Field(3.0, gt=0)  # Q&A and dialogue styles expand; beyond 3x is padding
-    max_overlap: float = Field(0.95, gt=0, le=1)  # 1.0 = verbatim copy; one changed word in 20 scores ~0.95
+    max_overlap: float = Field(0.8, gt=0, le=1)  # 1.0 = the source is copied whole; paraphrases score ~0.0-0.5
 
 
 def numbers(text: str) -> set[str]:
@@ -57,13 +57,24 @@ def recall(wanted: set[str], found_in: str) -> float:
     return round(sum(1 for item in wanted if item.lower() in lowered) / len(wanted), 4)
 
 
+def overlap(source: str, rewrite: str, n: int = 5) -> float:
+    """Share of the source's word n-grams (case-folded) that the rewrite repeats verbatim."""
+    words, echoed = source.lower().split(), rewrite.lower().split()
+    n = min(n, len(words))
+    if n == 0:
+        return 0.0
+    grams = {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+    found = {tuple(echoed[i : i + n]) for i in range(len(echoed) - n + 1)}
+    return round(len(grams & found) / len(grams), 4)
+
+
 def score(source: str, rewrite: str, cosine: float | None) -> dict[str, float]:
     """The chunk's scores; cosine comes from the embedder (None when the check is off)."""
     scores = {
         "numbers": recall(numbers(source), THOUSANDS.sub("", rewrite)),
         "entities": recall(names(source), rewrite),
         "length_ratio": round(len(rewrite) / max(1, len(source)), 4),
-        "overlap": round(difflib.SequenceMatcher(None, source.split(), rewrite.split(), autojunk=False).ratio(), 4),
+        "overlap": overlap(source, rewrite),
     }
     if cosine is not None:
         scores["cosine"] = cosine
