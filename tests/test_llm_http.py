@@ -50,7 +50,7 @@ def test_server_down_says_how_to_start_it():
     with socket.socket() as probe:  # a port that nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with pytest.raises(BackendError, match=r"cannot reach .*127.0.0.1:%d/v1.*datapipe.llm.server" % port):
+    with pytest.raises(BackendError, match=rf"cannot reach .*127.0.0.1:{port}/v1.*datapipe.llm.server"):
         client(f"http://127.0.0.1:{port}/v1")
 
 

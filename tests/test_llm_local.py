@@ -22,10 +22,16 @@ def test_batch_answers_each_request_in_order_and_refuses_what_cannot_fit():
 
 
 @pytest.mark.slow
-def test_sampling_is_seeded():
+def test_rows_keep_their_own_sampling_greedy_rows_are_greedy_and_sampling_is_seeded():
     backend = local_backend()
-    batch = [ask("Write a word about the sea.", 8, temperature=1.0), ask("Write a word about trees.", 8, 1.0)]
-    assert [c.text for c in backend.generate(batch)] == [c.text for c in backend.generate(batch)]
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    batch = [Request(question, 10), ask("Write a word about the sea.", 8, 1.0), ask("Write a word about trees.", 8, 1.0)]
+    first, again = backend.generate(batch), backend.generate(batch)
+    assert [c.text for c in first] == [c.text for c in again]  # same batch, same seed, same text
+    prompt = backend.tokenizer.apply_chat_template(question, tokenize=False, add_generation_prompt=True)
+    encoded = backend.tokenizer([prompt], return_tensors="pt", add_special_tokens=False)
+    greedy = backend.lm.generate(**encoded, max_new_tokens=10, do_sample=False, pad_token_id=backend.tokenizer.pad_token_id)
+    assert first[0].text == backend.tokenizer.decode(greedy[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
 def test_token_counts_come_from_the_models_tokenizer():

@@ -9,7 +9,7 @@ repeated, and stitching reuses each chunk's own break (paragraph, line or space)
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 PARAGRAPH = re.compile(r"\n[ \t]*\n\s*")
 SENTENCE = re.compile(r"(?<=[.!?;:。！？])\s+|\n\s*")

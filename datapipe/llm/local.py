@@ -1,14 +1,13 @@
 """The local backend: a transformers causal LM on this machine's CPU (or its GPU).
 
-Requests are grouped by their sampling settings, sorted by prompt length (less left padding)
-and run `max_batch` at a time through one `generate()` call: on CPU a batch of 8 gives several
-times the output tokens/s of one request at a time (bench/rephrase.py measures it), because
-the weights are read once per step for the whole batch. A prompt that cannot fit the context
+Requests are sorted by prompt length (less left padding) and run `max_batch` at a time through
+one `generate()` call, each row with its own temperature, top_p and token limit
+(datapipe.llm.sampling). Batching multiplies output tokens/s because every decoding step reads
+the weights and pays Python's per-step overhead once for the whole batch: bench/rephrase.py
+measures it on CPU and on an H200. A prompt that cannot fit the context
 with its new tokens is answered `context_overflow` without running.
 """
 from __future__ import annotations
-
-from itertools import groupby
 
 from datapipe.llm.base import CONTEXT_OVERFLOW, BackendConfig, Completion, Request, failed, finish
 from datapipe.llm.packaged import SMOLLM2, model_dir
@@ -29,6 +28,8 @@ class LocalBackend:
         self.model = "SmolLM2-135M-Instruct" if cfg.model == SMOLLM2 else folder.name
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.tokenizer.padding_side = "left"  # generation appends on the right
+        if self.tokenizer.pad_token is None:  # some transformers versions convert the GGUF without one
+            self.tokenizer.pad_token = self.tokenizer.eos_token
         dtype = torch.bfloat16 if self.device == "cuda" else torch.float32  # CPUs without AMX are fastest in fp32
         self.lm = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(self.device).eval()
         self.context = cfg.max_context or self.lm.config.max_position_embeddings
@@ -48,30 +49,33 @@ class LocalBackend:
                                                       f"> {self.context}-token context")
             else:
                 runnable.append(i)
-        settings = lambda i: (requests[i].temperature, requests[i].top_p)  # noqa: E731
-        for _, group in groupby(sorted(runnable, key=lambda i: (settings(i), lengths[i])), key=settings):
-            group = list(group)
-            for start in range(0, len(group), self.cfg.max_batch):
-                batch = group[start : start + self.cfg.max_batch]
-                for i, completion in zip(batch, self.generate_batch([prompts[i] for i in batch],
-                                                                    [requests[i] for i in batch])):
-                    results[i] = completion
+        runnable.sort(key=lambda i: lengths[i])  # neighbours in length: little left padding
+        for start in range(0, len(runnable), self.cfg.max_batch):
+            batch = runnable[start : start + self.cfg.max_batch]
+            for i, completion in zip(batch, self.generate_batch([prompts[i] for i in batch],
+                                                                [requests[i] for i in batch])):
+                results[i] = completion
         return results
 
     def generate_batch(self, prompts: list[str], requests: list[Request]) -> list[Completion]:
-        """One generate() call; every request in it shares temperature and top_p."""
+        """One generate() call; each row keeps its own temperature, top_p and token limit."""
         import torch
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
-        first = requests[0]
+        from datapipe.llm.sampling import RowLimits, RowSampling
+
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        sampling = {"do_sample": True, "temperature": first.temperature, "top_p": first.top_p} \
-            if first.temperature > 0 else {"do_sample": False}
+        prompt_len = encoded["input_ids"].shape[1]
+        limits = [r.max_new_tokens for r in requests]
+        rows = RowSampling([r.temperature for r in requests], [r.top_p for r in requests], self.device)
         torch.manual_seed(self.cfg.seed)
         with torch.inference_mode():
-            out = self.lm.generate(**encoded, max_new_tokens=max(r.max_new_tokens for r in requests),
-                                   pad_token_id=self.tokenizer.pad_token_id, **sampling)
-        new = out[:, encoded["input_ids"].shape[1] :].tolist()
-        return [self.decode(ids[: r.max_new_tokens], r.max_new_tokens) for ids, r in zip(new, requests)]
+            out = self.lm.generate(**encoded, max_new_tokens=max(limits), pad_token_id=self.tokenizer.pad_token_id,
+                                   do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                   logits_processor=LogitsProcessorList([rows]),
+                                   stopping_criteria=StoppingCriteriaList([RowLimits(prompt_len, limits, self.device)]))
+        new = out[:, prompt_len:].tolist()
+        return [self.decode(ids[:limit], limit) for ids, limit in zip(new, limits)]
 
     def decode(self, ids: list[int], limit: int) -> Completion:
         eos = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}

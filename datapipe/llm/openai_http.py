@@ -19,8 +19,17 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from datapipe.llm.base import (BACKEND_ERROR, CONTEXT_OVERFLOW, MALFORMED_RESPONSE, BackendConfig, BackendError,
-                               Completion, Request, failed, finish)
+from datapipe.llm.base import (
+    BACKEND_ERROR,
+    CONTEXT_OVERFLOW,
+    MALFORMED_RESPONSE,
+    BackendConfig,
+    BackendError,
+    Completion,
+    Request,
+    failed,
+    finish,
+)
 
 CHARS_PER_TOKEN = 4.0  # English averages ~4 characters a token in Llama-family BPEs; only sizes chunks
 TRANSIENT = (urllib.error.URLError, http.client.HTTPException, socket.timeout, ConnectionError, TimeoutError)

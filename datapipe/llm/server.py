@@ -61,7 +61,7 @@ class Batcher:
 
 
 class Handler(BaseHTTPRequestHandler):
-    server: "ModelServer"
+    server: ModelServer
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args) -> None:  # quiet: tests read stdout for the ready line

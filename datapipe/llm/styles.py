@@ -20,8 +20,7 @@ from datapipe.config import Strict
 
 LETTERS = re.compile(r"[^\W\d_]")
 WORDS = re.compile(r"[^\W\d_]+")
-ENGLISH_WORDS = frozenset("the a an of and or to in on at is are was be by for from with as that this it "
-                          "then so if we let not which".split())
+ENGLISH_WORDS = frozenset(["the", "a", "an", "of", "and", "or", "to", "in", "on", "at", "is", "are", "was", "be", "by", "for", "from", "with", "as", "that", "this", "it", "then", "so", "if", "we", "let", "not", "which"])
 
 
 class StyleConfig(Strict):

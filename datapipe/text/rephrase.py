@@ -15,8 +15,9 @@ created. With keep_originals=true the original passes unchanged and all K rewrit
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
@@ -25,7 +26,7 @@ from datapipe.llm import make_backend
 from datapipe.llm.base import BackendConfig
 from datapipe.llm.chunking import split_chunks, stitch
 from datapipe.llm.fidelity import FidelityConfig
-from datapipe.llm.rewriter import RewriteSettings, Rewriter, Slot
+from datapipe.llm.rewriter import Rewriter, RewriteSettings, Slot
 from datapipe.llm.styles import StyleConfig, eligible_styles, load_styles, style_order
 from datapipe.schema import Document
 
@@ -38,7 +39,7 @@ class Config(StageConfig):
     path_fields: ClassVar[tuple[str, ...]] = ("styles_file",)
 
     backend: BackendConfig = BackendConfig()
-    styles: list[StyleConfig] = []  # the style library, inline; or:
+    styles: list[StyleConfig] = Field(default_factory=list)  # the style library, inline; or:
     styles_file: str | None = None  # a YAML file with `styles:` (relative to the recipe)
     rewrites: int = Field(2, ge=1)  # K; K2 found 10 rephrasings x 1 epoch beat 1 x 10 epochs
     keep_originals: bool = False  # true: the original is written too, beside its K rewrites
@@ -49,12 +50,12 @@ class Config(StageConfig):
     max_chunks: int = Field(32, ge=1)  # longer documents (32 x 256 = 8K tokens) are not rewritten: rephrase.too_long
     style_retries: int = Field(1, ge=0)  # spare styles tried after a fidelity failure or an empty answer
     fidelity: FidelityConfig = FidelityConfig()
-    math_sources: list[str] = []  # sources whose documents take the math styles (so do meta.domain == "math")
-    kinds: list[str] = ["text"]  # other kinds (code, svg...) and documents with media pass untouched
+    math_sources: list[str] = Field(default_factory=list)  # sources whose documents take the math styles (so do meta.domain == "math")
+    kinds: list[str] = Field(default_factory=lambda: ["text"])  # other kinds (code, svg...) and documents with media pass untouched
     batch_size: int = 16  # documents per batch; all their chunks go out together each round
 
     @model_validator(mode="after")
-    def _needs_styles(self) -> "Config":
+    def _needs_styles(self) -> Config:
         if not self.styles and not self.styles_file:
             raise ValueError("rephrase needs a style library: `styles:` (a list) or `styles_file:` (a YAML file)")
         for style in self.styles:
