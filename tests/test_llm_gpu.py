@@ -1,7 +1,7 @@
 """GPU paths: the local backend on CUDA and the vLLM backend. CI has no GPU: these skip there.
 
-They ran on an H200 (see README, Rephrasing: GPU); vLLM was not installed there, so its test
-skipped there too.
+On an H200 the local-backend test passed; vLLM was not installed there, so its test skipped
+there too (README, Rephrasing, says why).
 """
 import importlib.util
 
