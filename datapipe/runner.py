@@ -203,7 +203,8 @@ def add_stage(dataset, cfg: StageConfig):
         # accounting rules of every other stage (no record dropped, transforms marked) hold too.
         return module.transform_dataset(dataset, cfg, partial(map_documents, cfg=cfg))
     common = {"batch_size": cfg.batch_size, "batch_format": "pyarrow"}
-    resources = {"num_cpus": cfg.num_cpus} if cfg.num_cpus is not None else {}
+    resources = {key: value for key, value in (("num_cpus", cfg.num_cpus), ("num_gpus", cfg.num_gpus))
+                 if value is not None}
     if type(cfg).actor:
         import ray
 

@@ -1,0 +1,158 @@
+"""The rephrase stage: Kimi K2's recipe for stretching scarce knowledge and math text.
+
+Each document gets K rewrites (default 2), each in a distinct style from the recipe's style
+library; a long document is rewritten chunk by chunk (~256 tokens each), every chunk with the
+previous rewritten chunk as context, and stitched back. Every rewritten chunk passes a fidelity
+gate (embedding cosine, numbers, names, length); a failure retries with a spare style, then the
+rewrite is rejected with the reason and its scores. The stage runs in a Ray actor pool that
+keeps the model (or the HTTP client) warm, and batches all chunks of a batch into one round.
+
+Accounting: with keep_originals=false the original record becomes its first rewrite (same id,
+text replaced, provenance in meta.rephrase) and rewrites 2..K are new records with
+meta.derived_from; so each input ends written or rejected, and each extra rewrite counts as
+created. With keep_originals=true the original passes unchanged and all K rewrites are created.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pydantic import Field, model_validator
+
+from datapipe.config import StageConfig
+from datapipe.llm import make_backend
+from datapipe.llm.base import BackendConfig
+from datapipe.llm.chunking import split_chunks, stitch
+from datapipe.llm.fidelity import FidelityConfig
+from datapipe.llm.rewriter import Rewriter, RewriteSettings, Slot
+from datapipe.llm.styles import StyleConfig, eligible_styles, load_styles, style_order
+from datapipe.schema import Document
+
+CONTEXT_TEMPLATE = ("Here is the previous part of your rewrite, for continuity. Do not repeat it:\n{context}\n\n"
+                    "Now rewrite the next part in the same way.\n{text}")
+
+
+class Config(StageConfig):
+    actor: ClassVar[bool] = True
+    path_fields: ClassVar[tuple[str, ...]] = ("styles_file",)
+
+    backend: BackendConfig = BackendConfig()
+    styles: list[StyleConfig] = Field(default_factory=list)  # the style library, inline; or:
+    styles_file: str | None = None  # a YAML file with `styles:` (relative to the recipe)
+    rewrites: int = Field(2, ge=1)  # K; K2 found 10 rephrasings x 1 epoch beat 1 x 10 epochs
+    keep_originals: bool = False  # true: the original is written too, beside its K rewrites
+    chunk_tokens: int = Field(256, ge=16)  # the K2 chunk size: short enough for a small model to keep every fact
+    context_chunks: int = Field(1, ge=0)  # previous rewritten chunks shown with each chunk; 0 = independent chunks
+    context_template: str = CONTEXT_TEMPLATE  # {context}, then {text}: the style's prompt for this chunk
+    max_new_tokens: int = Field(512, ge=1)  # cap per chunk (styles ask budget x chunk tokens)
+    max_chunks: int = Field(32, ge=1)  # longer documents (32 x 256 = 8K tokens) are not rewritten: rephrase.too_long
+    style_retries: int = Field(1, ge=0)  # spare styles tried after a fidelity failure or an empty answer
+    fidelity: FidelityConfig = FidelityConfig()
+    math_sources: list[str] = Field(default_factory=list)  # sources whose documents take the math styles (so do meta.domain == "math")
+    kinds: list[str] = Field(default_factory=lambda: ["text"])  # other kinds (code, svg...) and documents with media pass untouched
+    batch_size: int = 16  # documents per batch; all their chunks go out together each round
+
+    @model_validator(mode="after")
+    def _needs_styles(self) -> Config:
+        if not self.styles and not self.styles_file:
+            raise ValueError("rephrase needs a style library: `styles:` (a list) or `styles_file:` (a YAML file)")
+        for style in self.styles:
+            if "{text}" not in style.prompt:
+                raise ValueError(f"style {style.name!r}: prompt must contain {{text}}, where the chunk goes")
+        return self
+
+
+@dataclass
+class Plan:
+    """What the stage does with one document."""
+
+    slots: list[Slot] = field(default_factory=list)
+    skip: str = ""  # a document-level reason: empty_text, too_long, no_style
+    untouched: bool = False  # not ours to rewrite (code, media)
+
+
+def make_stage(cfg: Config, backend=None, embedder=None) -> Callable[[list[Document]], list[Document]]:
+    """The runner passes only cfg; a caller holding a warm backend or embedder (a benchmark, a test
+    that runs several configs) passes them to skip loading the models again."""
+    styles = load_styles(cfg.styles, cfg.styles_file)
+    backend = backend or make_backend(cfg.backend)
+    if cfg.fidelity.min_cosine is None:
+        embedder = None
+    elif embedder is None:
+        embedder = make_embedder()
+    rewriter = Rewriter(backend, embedder, RewriteSettings(cfg.fidelity, cfg.context_template, cfg.context_chunks,
+                                                           cfg.max_new_tokens))
+    provenance = {"backend": backend.name, "model": backend.model}
+
+    def rephrase(docs: list[Document]) -> list[Document]:
+        plans = [plan_document(doc, cfg, styles, backend.count_tokens) for doc in docs]
+        rewriter.run([slot for plan in plans for slot in plan.slots])
+        return [record for doc, plan in zip(docs, plans) for record in records_of(doc, plan, cfg, provenance)]
+
+    return rephrase
+
+
+def make_embedder():
+    import torch
+
+    from datapipe.llm.embed import Embedder
+
+    return Embedder(device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def plan_document(doc: Document, cfg: Config, styles: list[StyleConfig], count) -> Plan:
+    if doc["kind"] not in cfg.kinds or doc["media"]:
+        return Plan(untouched=True)
+    if not doc["text"].strip():
+        return Plan(skip="empty_text")
+    domain = "math" if doc["meta"].get("domain") == "math" or doc["source"] in cfg.math_sources else "knowledge"
+    order = style_order(eligible_styles(styles, domain, doc["text"]), doc["id"], cfg.backend.seed)
+    if not order:
+        return Plan(skip="no_style")
+    chunks = split_chunks(doc["text"], cfg.chunk_tokens, count)
+    if len(chunks) > cfg.max_chunks:
+        return Plan(skip="too_long")
+    sizes = count(chunks)
+    spares = order[cfg.rewrites :]  # one list shared by the slots: a style serves one rewrite only
+    return Plan(slots=[Slot(chunks, sizes, style, spares, cfg.style_retries) for style in order[: cfg.rewrites]])
+
+
+def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list[Document]:
+    """The original (rewritten, kept or rejected) followed by its created rewrites."""
+    if plan.untouched:
+        return [doc]
+    if plan.skip:
+        doc["meta"]["rephrase"] = {"skipped": plan.skip}
+        if plan.skip == "empty_text" or not cfg.keep_originals:
+            doc["reject"] = f"rephrase.{plan.skip}"
+        return [doc]
+    created = [derived_record(doc, i) for i in range(1 if not cfg.keep_originals else 0, len(plan.slots))]
+    if cfg.keep_originals:
+        doc["meta"]["rephrase"] = {"role": "original", "rewrites": [r["id"] for r in created]}
+        targets = created
+    else:
+        targets = [doc] + created
+    for i, (record, slot) in enumerate(zip(targets, plan.slots)):
+        apply_slot(record, slot, i, doc["id"], provenance)
+    return [doc] + created
+
+
+def derived_record(doc: Document, index: int) -> Document:
+    record = copy.deepcopy({**doc, "tokens": [], "media": []})
+    record["id"] = f"{doc['id']}#rephrase{index}"
+    record["meta"]["derived_from"] = doc["id"]
+    return record
+
+
+def apply_slot(record: Document, slot: Slot, index: int, source_id: str, provenance: dict) -> None:
+    record["meta"]["rephrase"] = {
+        "source_id": source_id, "rewrite": index, "style": slot.style.name, **provenance,
+        "chunks": len(slot.chunks), "fidelity": slot.scores, "attempts": slot.attempts,
+        "output_tokens": slot.output_tokens,
+    }
+    if slot.reason:
+        record["reject"] = f"rephrase.{slot.reason}"
+    else:
+        record["text"] = stitch(slot.outputs, slot.chunks)

@@ -1,0 +1,112 @@
+"""The rephrase stage with the real local model: rewrites, provenance, the gate, bad input, accounting."""
+import json
+
+import pytest
+import yaml
+
+from datapipe import cli
+from datapipe.schema import new_document
+from datapipe.text.rephrase import Config, make_stage
+from tests.conftest import write_jsonl
+from tests.llm_helpers import LOOSE_GATE, PLAIN_STYLES, embedder, local_backend
+
+EIFFEL = "The Eiffel Tower in Paris was completed in 1889. It is 330 metres tall."
+WATER = ("Water boils at 100 degrees Celsius at sea level.\n\n"
+         "Salt water freezes at a lower temperature than fresh water.")
+REASONS = {"rephrase.fidelity_low", "rephrase.copied", "rephrase.empty_response"}  # what a live model may earn
+
+
+def stage(**fields):
+    cfg = Config(stage="rephrase", **{"styles": PLAIN_STYLES, "max_new_tokens": 32, **fields})
+    return make_stage(cfg, backend=local_backend(), embedder=embedder())
+
+
+def doc(i: int, text: str, **kw):
+    return new_document("web", str(i), text, **kw)
+
+
+@pytest.mark.slow
+def test_each_input_becomes_k_rewrites_in_distinct_styles_with_provenance():
+    out = stage(rewrites=2, chunk_tokens=16, fidelity=LOOSE_GATE)([doc(0, EIFFEL), doc(1, WATER)])
+    assert [d["id"] for d in out] == ["web/0", "web/0#rephrase1", "web/1", "web/1#rephrase1"]
+    for original, extra in (out[0:2], out[2:4]):
+        assert "derived_from" not in original["meta"]  # the input itself: counted in, not created
+        assert extra["meta"]["derived_from"] == original["id"]
+        infos = [original["meta"]["rephrase"], extra["meta"]["rephrase"]]
+        assert infos[0]["style"] != infos[1]["style"]  # distinct styles per document
+        assert {i["model"] for i in infos} == {"SmolLM2-135M-Instruct"} and {i["backend"] for i in infos} == {"local"}
+        for record, info in zip((original, extra), infos):
+            assert info["source_id"] == original["id"] and info["chunks"] == 2  # 2 sentences / 2 paragraphs
+            if record["reject"]:
+                assert record["reject"] in REASONS and info["attempts"]
+            else:  # both chunks passed and were stitched with their source's break
+                assert len(info["fidelity"]) == 2 and all(s["cosine"] >= 0.3 for s in info["fidelity"])
+                assert ("\n\n" in record["text"]) == (original["id"] == "web/1")
+    assert sum(not d["reject"] for d in out) >= 1, "the model rewrote nothing: check the styles or the gate"
+
+
+@pytest.mark.slow
+def test_keep_originals_passes_the_input_and_creates_every_rewrite():
+    out = stage(rewrites=1, keep_originals=True, fidelity=LOOSE_GATE)([doc(0, EIFFEL)])
+    assert [d["id"] for d in out] == ["web/0", "web/0#rephrase0"]
+    assert out[0]["text"] == EIFFEL and not out[0]["reject"]
+    assert out[0]["meta"]["rephrase"] == {"role": "original", "rewrites": ["web/0#rephrase0"]}
+    assert out[1]["meta"]["derived_from"] == "web/0" and out[1]["meta"]["rephrase"]["rewrite"] == 0
+
+
+@pytest.mark.slow
+def test_fidelity_gate_retries_another_style_then_rejects_with_scores():
+    useless = [{"name": f"say_{word}", "system": f"Reply with the single word {word} and nothing else.",
+                "temperature": 0.0} for word in ("OK", "YES")]
+    out = stage(styles=useless, rewrites=1, style_retries=1, max_new_tokens=4)([doc(0, EIFFEL)])
+    assert len(out) == 1 and out[0]["reject"] == "rephrase.fidelity_low"
+    attempts = out[0]["meta"]["rephrase"]["attempts"]
+    assert sorted(a["style"] for a in attempts) == ["say_OK", "say_YES"]  # a spare style was tried
+    assert all(a["scores"]["numbers"] == 0.0 and "numbers 0.0 < 1.0" in a["detail"] for a in attempts)
+
+
+def test_bad_input_is_rejected_with_reasons_before_any_generation():
+    huge = "word " * 8400  # one chunk of 8,400 tokens cannot fit the 8,192-token context
+    docs = [doc(0, "   "), doc(1, EIFFEL * 20), doc(2, huge), doc(3, "def f(): pass", kind="code"),
+            doc(4, EIFFEL, domain="math")]
+    out = stage(max_chunks=2, chunk_tokens=40)([docs[0], docs[1], docs[3], docs[4]])
+    assert [d["reject"] for d in out] == ["rephrase.empty_text", "rephrase.too_long", "", "rephrase.no_style"]
+    assert out[2]["text"] == "def f(): pass" and "rephrase" not in out[2]["meta"]  # code passes untouched
+    overflow = stage(chunk_tokens=9000, rewrites=1, style_retries=1)([docs[2]])
+    assert overflow[0]["reject"] == "rephrase.context_overflow"
+    assert "8192-token context" in overflow[0]["meta"]["rephrase"]["attempts"][0]["detail"]
+    assert len(overflow[0]["meta"]["rephrase"]["attempts"]) == 1  # another style would not fit either
+
+
+def test_recipe_needs_a_style_library(tmp_path):
+    with pytest.raises(ValueError, match="style library"):
+        Config(stage="rephrase")
+    with pytest.raises(ValueError, match="must contain"):
+        Config(stage="rephrase", styles=[{"name": "x", "system": "s", "prompt": "no placeholder"}])
+
+
+@pytest.mark.slow
+def test_recipe_end_to_end_on_ray_accounts_for_every_record(tmp_path, tiny_tokenizer, ray_session):
+    rows = [{"id": "eiffel", "text": EIFFEL}, {"id": "water", "text": WATER.split("\n\n")[0]},
+            {"id": "huge", "text": "Paris. " * 400}]
+    write_jsonl(tmp_path / "facts.jsonl", rows, [b'{"id": "broken", "text": '])
+    recipe = {
+        "name": "rephrase-test", "sources": [{"name": "web", "type": "jsonl", "paths": ["facts.jsonl"], "id_field": "id"}],
+        "stages": [{"stage": "normalize"},
+                   {"stage": "rephrase", "styles": PLAIN_STYLES, "rewrites": 2, "max_new_tokens": 32, "max_chunks": 4,
+                    "num_cpus": 0.5, "backend": {"threads": 1}, "fidelity": LOOSE_GATE},
+                   {"stage": "tokenize", "tokenizer": str(tiny_tokenizer), "num_cpus": 0.5}],
+        "curriculum": [{"name": "main", "seq_len": 64}], "ray": {"object_store_mb": 256},
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    assert cli.main(["run", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "out")]) == 0
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["balanced"] and stats["records_in"] == {"web": 4} and stats["created"] == {"web": 2}
+    assert sum(stats["written"].values()) + sum(stats["rejected"].values()) == 6
+    assert stats["rejected"].get("rephrase.too_long") == 1 and stats["rejected"].get("read.bad_json") == 1
+    assert set(stats["rejected"]) <= REASONS | {"rephrase.too_long", "read.bad_json"}
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects" / "rejects.jsonl").open()]
+    for reject in rejects:
+        if reject["reject"].startswith("rephrase.") and reject["reject"] != "rephrase.too_long":
+            assert reject["meta"]["rephrase"]["attempts"]  # the styles tried and their scores
+    assert stats["stages"]["rephrase"]["kept"] >= 1
