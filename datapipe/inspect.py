@@ -6,6 +6,7 @@ from itertools import islice
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from datapipe.report import summary_table
@@ -33,7 +34,8 @@ def describe_sample(sample: dict, decode) -> str:
     text = decode(sample["tokens"][:first_len].tolist()) if decode else "(no tokenizer to decode)"
     loss = int(sample["loss_mask"].sum()) if "loss_mask" in sample else "-"
     return (f"[bold]{sample['key']}[/bold] docs={len(sample['doc_lens'])} pad={sample['num_pad']} "
-            f"images={len(sample.get('images', []))} loss_tokens={loss} first={sample['doc_ids'][0]}:\n{text[:400]!r}")
+            f"images={len(sample.get('images', []))} loss_tokens={loss} first={escape(sample['doc_ids'][0])}:\n"
+            f"{escape(repr(text[:400]))}")  # decoded text is data: "[target_list]" is not rich markup
 
 
 def stage_table(folder: Path, packed: dict) -> Table:
@@ -76,4 +78,5 @@ def show_reject_examples(path: Path, console: Console) -> None:
             record = json.loads(line)
             seen.setdefault(record["reject"], record)
     for reason, record in seen.items():
-        console.print(f"[yellow]{reason}[/yellow] e.g. {record['source_id']}: {record['text'][:120]!r}", highlight=False)
+        example = escape(f"{record['source_id']}: {record['text'][:120]!r}")
+        console.print(f"[yellow]{escape(reason)}[/yellow] e.g. {example}", highlight=False)
