@@ -23,14 +23,14 @@ from rich.console import Console
 from rich.progress import track
 
 from datapipe import registry
-from datapipe.config import Recipe, RecipeError, RayConfig, SourceConfig, StageConfig
+from datapipe.config import RayConfig, Recipe, RecipeError, SourceConfig, StageConfig
 from datapipe.curriculum import CurriculumStage, Usage, pack_stage, stage_stats
 from datapipe.packing import SpecialIds
 from datapipe.report import RunStats, make_progress, update_progress
 from datapipe.schema import Document, docs_from_table, docs_to_table, mark_transform
 from datapipe.shards import MANIFEST, RUN_MANIFEST, ShardWriter, write_run_manifest
-from datapipe.spill import Corpus, SpillWriter
 from datapipe.sources import read_work_item, work_items
+from datapipe.spill import Corpus, SpillWriter
 
 READ_BATCH = 1024  # documents per Arrow block out of a reader
 SPILL = "spill"  # out/<run>/spill/: the live tokenized documents, written once, read by every curriculum stage
@@ -131,7 +131,9 @@ def connect(cfg: RayConfig, address: str | None) -> None:
         address = address or cfg.address or os.environ.get("RAY_ADDRESS")
         quiet = {"logging_level": logging.ERROR, "log_to_driver": True, "include_dashboard": False}
         if address:
-            import datapipe, renderers, tokenizer
+            import datapipe
+            import renderers
+            import tokenizer
 
             ray.init(address=address, runtime_env={"py_modules": [datapipe, renderers, tokenizer]}, **quiet)
         else:

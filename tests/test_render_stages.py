@@ -65,7 +65,7 @@ def test_hash_index_finds_everything_within_the_distance_and_nothing_beyond(dist
     index, kept = HashIndex(distance), [rng.getrandbits(256) for _ in range(500)]
     for i, value in enumerate(kept):
         index.add(value, str(i))
-    for i, value in enumerate(kept[:50]):
+    for value in kept[:50]:
         flipped = value
         for bit in rng.sample(range(256), distance):
             flipped ^= 1 << bit

@@ -10,7 +10,8 @@ import pytest
 from datapipe import cli, stream
 from datapipe.runner import apply_stage
 from datapipe.schema import docs_from_table, docs_to_table, new_document
-from datapipe.text.normalize import Config as NormalizeConfig, make_stage as make_normalize
+from datapipe.text.normalize import Config as NormalizeConfig
+from datapipe.text.normalize import make_stage as make_normalize
 from tests.conftest import WORDS, tiny_recipe, write_jsonl
 from tokenizer.bpe import load_tokenizer
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from functools import lru_cache
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 import numpy as np

@@ -17,7 +17,6 @@ from datapipe.text.fineweb import FineWeb, check_fineweb
 from datapipe.text.gopher import GopherQuality, GopherRepetition, check_quality, check_repetition
 from datapipe.text.words import split_words
 
-
 # The filter groups in evaluation order; a document meets a group only if it passed the ones
 # before, which is how the stats derive each group's documents in and kept (datapipe.report).
 RULE_ORDER = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
