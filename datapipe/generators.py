@@ -26,7 +26,7 @@ def python_programs(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Docu
     for index in range(start, stop):
         rng = random.Random(f"{seed}:{cfg.name}:{index}")
         source = "\n\n".join(make_function(rng) for _ in range(rng.randint(1, 4))) + "\n"
-        yield new_document(cfg.name, str(index), source, kind="code", language="python")
+        yield new_document(cfg.name, str(index), source, kind="code", programming_language="python")
 
 
 NOUNS = ["total", "count", "value", "price", "score", "weight", "index", "limit", "offset", "ratio"]

@@ -90,7 +90,7 @@ class RunStats:
             "written": dict(self.written),
             "rejected": dict(self.rejected.most_common()),
             "rejected_bytes": dict(self.rejected_bytes.most_common()),
-            "stages": {s: self.stage_counts(s) for s in dict.fromkeys([*self.stage_passed, *self.stage_rejected])},
+            "stages": {s: self.stage_counts(s) for s in self.stage_names()},
             "rules": self.rule_counts(),
             "pii_redactions": dict(self.pii.most_common()),
             "languages": dict(self.languages.most_common()),
@@ -101,8 +101,15 @@ class RunStats:
             "wall_s": round(self.wall_s, 2),
         }
 
+    def stage_names(self) -> list[str]:
+        """Stages in pipeline order: reading first, then as records list them."""
+        names = dict.fromkeys([*self.stage_passed, *self.stage_rejected])
+        return sorted(names, key=lambda name: name != "read")  # stable: the rest keep their order
+
     def stage_counts(self, stage: str) -> dict[str, int]:
         kept, rejected = self.stage_passed[stage], self.stage_rejected[stage]
+        if stage == "read":  # not a recipe stage: every record in passed it, or was rejected by it
+            kept = self.records_in.total() - rejected
         bytes_in, bytes_rejected = self.stage_bytes_in[stage], self.stage_bytes_rejected[stage]
         return {"in": kept + rejected, "kept": kept, "rejected": rejected, "bytes_in": bytes_in,
                 "bytes_kept": max(bytes_in - bytes_rejected, 0), "bytes_rejected": bytes_rejected}
@@ -115,7 +122,7 @@ class RunStats:
         from datapipe import registry
 
         rules = {}
-        for stage in dict.fromkeys([*self.stage_passed, *self.stage_rejected]):
+        for stage in self.stage_names():
             order = getattr(registry.stage_module(stage), "RULE_ORDER", ()) if stage in registry.STAGES else ()
             docs_in, bytes_in = self.stage_counts(stage)["in"], self.stage_bytes_in[stage]
             for group in order:
@@ -185,8 +192,9 @@ def summary_table(stats: dict[str, Any], title: str) -> Table:
         table.add_row(f"  {reason}", f"{n:,} ({megabytes(stats.get('rejected_bytes', {}).get(reason, 0))})")
     for stage, counts in stats.get("stages", {}).items():
         if "bytes_in" in counts:
-            table.add_row(f"stage {stage}: in / kept / rejected", f"{counts['in']:,} / {counts['kept']:,} / "
-                          f"{counts['rejected']:,} ({megabytes(counts['bytes_in'])} in)")
+            size = f" ({megabytes(counts['bytes_in'])} in)" if counts["bytes_in"] else ""
+            table.add_row(f"stage {stage}: in / kept / rejected",
+                          f"{counts['in']:,} / {counts['kept']:,} / {counts['rejected']:,}{size}")
     for rule, counts in stats.get("rules", {}).items():
         table.add_row(f"  rule {rule}: in / kept / dropped", f"{counts['in']:,} / {counts['kept']:,} / {counts['dropped']:,}")
     if stats.get("pii_redactions"):
