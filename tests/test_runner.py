@@ -47,6 +47,9 @@ def test_records_in_equal_written_plus_rejected(finished_run):
     assert stats["rejected"] == {"read.bad_json": 1, "read.invalid_utf8": 1, "read.empty_text": 1,
                                  "read.missing_text": 1, "read.missing_file": 1}
     assert stats["stages"]["tokenize"]["kept"] == len(GOOD) + 30
+    read = stats["stages"]["read"]
+    assert (read["in"], read["kept"], read["rejected"]) == (records_in, records_in - 5, 5)
+    assert list(stats["stages"])[0] == "read"
 
 
 def test_rejects_file_names_source_position_and_reason(finished_run):
