@@ -1,7 +1,6 @@
 """The SVG renderer with real resvg and cairosvg: pixels where they belong, hostile input rejected."""
 import base64
 import io
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +26,14 @@ def rgb(png: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
-def reject_reason(renderer, code: str, asset_dir=None, **options) -> str:
+def reject_error(renderer, code: str, asset_dir=None, **options) -> RenderError:
     with pytest.raises(RenderError) as caught:
         renderer.render(code, asset_dir, RenderOptions(**options))
-    return caught.value.reason
+    return caught.value
+
+
+def reject_reason(renderer, code: str, asset_dir=None, **options) -> str:
+    return reject_error(renderer, code, asset_dir, **options).reason
 
 
 @pytest.mark.parametrize("backend", ["resvg", "cairosvg"])
@@ -61,16 +64,16 @@ def billion_laughs(levels: int = 9) -> str:
     return f'<?xml version="1.0"?><!DOCTYPE svg [{"".join(entities)}]><svg {SVG}><text>&lol{levels};</text></svg>'
 
 
-def test_billion_laughs_is_rejected_fast(renderer):
-    start = time.monotonic()
-    assert reject_reason(renderer, billion_laughs()) == "entity_bomb"
-    assert time.monotonic() - start < 1.0  # before any expansion; expanded it is 3 GB
+def test_billion_laughs_is_rejected_from_its_declarations(renderer):
+    error = reject_error(renderer, billion_laughs())  # expanded it is 3 GB
+    assert error.reason == "entity_bomb" and "refers to other entities" in error.detail  # the DTD pass, no expansion
 
 
 def test_flat_quadratic_entity_expansion_is_rejected(renderer):
     big = "x" * 50_000
     svg = f'<!DOCTYPE svg [<!ENTITY big "{big}">]><svg {SVG}><text>{"&big;" * 100}</text></svg>'
-    assert reject_reason(renderer, svg) == "entity_bomb"
+    error = reject_error(renderer, svg)
+    assert error.reason == "entity_bomb" and f"expand to {50_000 * 100:,} characters" in error.detail  # counted
 
 
 def test_plain_entities_as_illustrator_writes_them_still_render(renderer):
@@ -86,11 +89,9 @@ def test_external_entity_xxe_is_rejected(renderer):
 
 @pytest.mark.skipif(not (SHARED_SVG / "svgo_fixtures").exists(), reason="../shared/data/svg is absent")
 @pytest.mark.parametrize("name", ["billion-laughs.svg", "billion-laughs-flat.svg"])
-def test_shared_billion_laughs_fixtures_are_rejected_fast(renderer, name):
-    start = time.monotonic()
-    code = (SHARED_SVG / "svgo_fixtures" / "svgo" / name).read_text()
-    assert reject_reason(renderer, code) == "entity_bomb"
-    assert time.monotonic() - start < 1.0
+def test_shared_billion_laughs_fixtures_are_rejected_before_expansion(renderer, name):
+    error = reject_error(renderer, (SHARED_SVG / "svgo_fixtures" / "svgo" / name).read_text())
+    assert error.reason == "entity_bomb" and "refers to other entities" in error.detail  # the DTD pass, no expansion
 
 
 def use_bomb(levels: int = 9) -> str:
@@ -100,10 +101,9 @@ def use_bomb(levels: int = 9) -> str:
     return f'<svg {SVG} width="100" height="100"><defs>{defs}</defs><use xlink:href="#l{levels - 1}"/></svg>'
 
 
-def test_use_amplification_bomb_is_rejected_fast(renderer):
-    start = time.monotonic()
-    assert reject_reason(renderer, use_bomb()) == "too_large"  # 10^8 elements once expanded
-    assert time.monotonic() - start < 2.0
+def test_use_amplification_bomb_is_rejected_by_counting(renderer):
+    error = reject_error(renderer, use_bomb())  # 10^8 elements once expanded
+    assert error.reason == "too_large" and "<use> expands to more than 200,000 elements" in error.detail
 
 
 def test_deep_nesting_is_rejected_before_it_reaches_resvg(renderer):
