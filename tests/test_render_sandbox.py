@@ -5,6 +5,8 @@ checks that it runs as an unprivileged uid before doing anything dangerous.
 """
 import os
 import resource
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -52,7 +54,7 @@ def allocate(header, payload):
 
 
 def write_file(header, payload):
-    with open("/tmp/datapipe-sandbox-write-test", "wb") as out:
+    with open(header["path"], "wb") as out:
         out.write(b"x")
     return {}, b""
 
@@ -128,11 +130,16 @@ def test_memory_cap_turns_a_huge_allocation_into_a_crash_reject():
 
 
 def test_a_worker_cannot_write_files():
+    # A folder the worker's uid may create files in, so that only the write cap can stop the write.
+    folder = tempfile.mkdtemp(prefix="datapipe-sandbox-write-")
+    os.chmod(folder, 0o777)
+    target = os.path.join(folder, "out.bin")
     sandbox = Sandbox("tests.test_render_sandbox:write_file")
     try:
-        with pytest.raises(RenderError):
-            sandbox.call({}, b"", 30)
+        with pytest.raises(RenderError) as caught:
+            sandbox.call({"path": target}, b"", 30)
+        assert caught.value.reason == "crashed" and "File too large" in caught.value.detail  # RLIMIT_FSIZE 0
+        assert os.path.getsize(target) == 0  # it could open the file, and wrote nothing into it
     finally:
         sandbox.stop()
-    assert not os.path.exists("/tmp/datapipe-sandbox-write-test") or \
-        os.path.getsize("/tmp/datapipe-sandbox-write-test") == 0
+        shutil.rmtree(folder)
