@@ -2,6 +2,7 @@
 are rendered, gated, de-duplicated, turned into training samples, tokenized and sharded."""
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -52,24 +53,63 @@ def rendered_run(tmp_path_factory, tiny_tokenizer, ray_session):
         "shards": {"samples_per_shard": 16},
     }
     (tmp / "render.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    assert cli.main(["run", str(tmp / "render.yaml"), "--out", str(tmp / "out")]) == 0
-    return tmp / "out"
+    stop, uids = threading.Event(), set()
+    watcher = threading.Thread(target=watch_sandbox_uids, args=(stop, uids), daemon=True)
+    watcher.start()
+    try:
+        assert cli.main(["run", str(tmp / "render.yaml"), "--out", str(tmp / "out")]) == 0
+    finally:
+        stop.set()
+        watcher.join()
+    return tmp / "out", uids
+
+
+def watch_sandbox_uids(stop: threading.Event, uids: set[int]) -> None:
+    """Collect the sandbox uids among this process's descendants (Ray workers, their resvg workers
+    and browsers) until `stop`: the uids of this run alone, whatever else runs on the machine."""
+    while True:
+        uids.update(uid for pid, uid in descendants(os.getpid()) if uid >= UID_BASE)
+        if stop.wait(0.2):
+            return
+
+
+def descendants(root: int) -> list[tuple[int, int]]:
+    """(pid, uid) of every live process below `root`."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as stat_file:
+                    stat = stat_file.read()
+                uid = entry.stat().st_uid
+            except OSError:
+                continue  # exited while we looked
+            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+            children.setdefault(parent, []).append((int(entry.name), uid))
+    found, todo = [], [root]
+    while todo:
+        for pid, uid in children.get(todo.pop(), []):
+            found.append((pid, uid))
+            todo.append(pid)
+    return found
 
 
 def test_every_record_is_written_or_rejected_with_the_right_reason(rendered_run):
-    stats = json.loads((rendered_run / "stats.json").read_text())
+    out, _ = rendered_run
+    stats = json.loads((out / "stats.json").read_text())
     assert stats["balanced"] is True
     assert stats["records_in"] == {"site": len(GOOD) + len(HOSTILE) + 1, "gen": 6}
     assert stats["written"] == {"site": len(GOOD) + 1, "gen": 6}
     rejects = {json.loads(line)["source_id"].rsplit("/", 1)[-1]: json.loads(line)
-               for line in (rendered_run / "rejects" / "rejects.jsonl").open()}
+               for line in (out / "rejects" / "rejects.jsonl").open()}
     assert {name: r["reject"] for name, r in rejects.items()} == {n: reason for n, (_, reason) in HOSTILE.items()}
     assert rejects["twin.svg"]["meta"]["duplicate_of"].endswith("good0.svg")
     assert "entity" in rejects["bomb.svg"]["meta"]["render_error"]
 
 
 def test_shards_hold_the_samples(rendered_run):
-    samples = list(stream(rendered_run / "main"))
+    out, _ = rendered_run
+    samples = list(stream(out / "main"))
     doc_ids = {doc_id for sample in samples for doc_id in sample["doc_ids"]}
     assert len(doc_ids) == len(GOOD) + 1 + 6
     assert all(sample["tokens"].shape == (1024,) for sample in samples)
@@ -77,13 +117,14 @@ def test_shards_hold_the_samples(rendered_run):
 
 def test_written_documents_carry_images_placeholders_and_provenance(rendered_run, ray_session):
     """Shards hold only tokens: run the recipe's plan again and look at the documents themselves."""
-    recipe = json.loads((rendered_run / "recipe.json").read_text())
+    out, _ = rendered_run
+    recipe = json.loads((out / "recipe.json").read_text())
     assert [s["stage"] for s in recipe["stages"]] == ["render", "render_dedupe", "code_image_samples", "tokenize"]
     from datapipe.config import load_recipe
     from datapipe.runner import build_plan
     from datapipe.schema import docs_from_table
 
-    plan = build_plan(load_recipe(rendered_run.parent / "render.yaml"))
+    plan = build_plan(load_recipe(out.parent / "render.yaml"))
     docs = [d for table in plan.iter_batches(batch_format="pyarrow", batch_size=None) for d in docs_from_table(table)]
     page = next(d for d in docs if d["id"].endswith("page.html"))
     assert page["kind"] == "html" and page["meta"]["render"]["renderer"] == "chromium"
@@ -96,22 +137,15 @@ def test_written_documents_carry_images_placeholders_and_provenance(rendered_run
             assert len(doc["meta"]["render"]["dhash"][0]) == 64
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes run under uids of their own only when started as root")
 def test_no_sandboxed_process_outlives_the_run(rendered_run):
+    _, uids = rendered_run
+    assert len(uids) >= 2  # at least a resvg worker and a Chromium, each under a uid of its own
     deadline = time.monotonic() + 60  # Ray tears the actors down after the run; their children follow
-    while time.monotonic() < deadline and sandboxed_processes():
+    while time.monotonic() < deadline and survivors(uids):
         time.sleep(1)
-    assert sandboxed_processes() == []
+    assert survivors(uids) == {}
 
 
-def sandboxed_processes() -> list[int]:
-    """Processes under a sandbox uid (this assumes no other datapipe render runs on the machine)."""
-    uids = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                uid = entry.stat().st_uid
-            except OSError:
-                continue
-            if uid >= UID_BASE:
-                uids.add(uid)
-    return [pid for uid in sorted(uids) for pid in processes_of(uid)]
+def survivors(uids: set[int]) -> dict[int, list[int]]:
+    return {uid: pids for uid in sorted(uids) if (pids := processes_of(uid))}
