@@ -100,11 +100,16 @@ def test_placeholders_become_media_spans_in_order(tiny_tokenizer):
 
 def test_text_between_images_encodes_as_without_images(tiny_tokenizer):
     ids = special_token_ids(tiny_tokenizer)
+    encode = FastEncoder(tiny_tokenizer).encode_batch
     stage = make_stage(Config(stage="tokenize", tokenizer=str(tiny_tokenizer)))
     [with_image, plain] = stage([media_doc(f"packing {MEDIA_PLACEHOLDER} shards", [png(28, 28)], "a"),
                                  media_doc("packing  shards", [], "b")])
-    media = np.isin(with_image["tokens"], [ids[t] for t in ids if t.startswith("<|media")])
-    assert len(plain["tokens"]) < len(with_image["tokens"]) and media.sum() == 4  # begin, content, pad, end
+    [(start, stop)] = media_spans(with_image["tokens"], ids["<|media_begin|>"], ids["<|media_end|>"])
+    assert stop - start == 4 + len(encode(["image"])[0])  # begin, "image", content, one pad, end
+    outside = np.concatenate([with_image["tokens"][:start], with_image["tokens"][stop:]]).tolist()
+    before, after = encode(["packing ", " shards"])
+    assert outside == [*before.tolist(), *after.tolist(), ids["<|eos|>"]]  # each piece encoded alone: no merge across
+    assert plain["tokens"].tolist() == [*encode(["packing  shards"])[0].tolist(), ids["<|eos|>"]]
     assert "media" not in plain["meta"]
 
 

@@ -94,5 +94,10 @@ def test_generators_are_seeded_and_split_invariant():
 
 
 def test_pydoc_topics_are_real_documents():
+    from pydoc_data.topics import topics
+
     docs = list(pydoc_topics(source(type="pydoc_topics", name="pydoc"), 0, 0, 1000))
-    assert len(docs) > 50 and all(len(d["text"]) > 100 for d in docs)
+    assert [d["source_id"] for d in docs] == sorted(topics) and len(docs) > 50  # every topic once, in name order
+    assert all(d["text"] == topics[d["source_id"]] and len(d["text"]) > 100 for d in docs)
+    assert [d["source_id"] for d in pydoc_topics(source(type="pydoc_topics", name="pydoc"), 0, 10, 20)] == \
+        sorted(topics)[10:20]  # a task's range gives exactly its slice
