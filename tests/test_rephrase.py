@@ -78,7 +78,7 @@ def test_bad_input_is_rejected_with_reasons_before_any_generation():
     assert len(overflow[0]["meta"]["rephrase"]["attempts"]) == 1  # another style would not fit either
 
 
-def test_recipe_needs_a_style_library(tmp_path):
+def test_recipe_needs_a_style_library():
     with pytest.raises(ValueError, match="style library"):
         Config(stage="rephrase")
     with pytest.raises(ValueError, match="must contain"):
