@@ -37,7 +37,8 @@ def work_items(recipe: Any, source: Any) -> list[dict[str, Any]]:
     if not source.paths:
         raise RecipeError(f"sources.{source.name}.paths: a {source.type} source needs at least one path")
     files = [f for pattern in source.paths for f in expand_path(recipe.resolve(pattern))]
-    if not files:
+    # One missing file among others is a reject (read.missing_file); a source with none is a wrong path.
+    if not any(Path(f).exists() for f in files):
         raise RecipeError(f"sources.{source.name}.paths: {source.paths} matched no files "
                           f"(relative paths start at {recipe.base_dir})")
     return [{"path": f, "start": 0, "stop": 0} for f in files]

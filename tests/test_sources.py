@@ -2,11 +2,12 @@ import gzip
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import zstandard
 
-from datapipe.config import SourceConfig
+from datapipe.config import RecipeError, SourceConfig, validate_recipe
 from datapipe.generators import pydoc_topics, python_programs
-from datapipe.sources import read_hf_disk, read_jsonl, read_parquet
+from datapipe.sources import read_hf_disk, read_jsonl, read_parquet, work_items
 from tests.conftest import write_jsonl
 
 GOOD = [{"id": f"d{i}", "text": f"document number {i}", "url": f"https://example.org/{i}"} for i in range(5)]
@@ -54,6 +55,18 @@ def test_truncated_gzip_keeps_good_records_and_rejects_the_rest(tmp_path):
     docs = list(read_jsonl(source(), str(path)))
     assert docs[-1]["reject"] == "read.corrupt_file"
     assert all(not d["reject"] for d in docs[:-1]) and 0 < len(docs) - 1 < 200
+
+
+def test_a_source_with_no_existing_path_fails_before_any_work(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", GOOD[:1])
+    recipe = validate_recipe({
+        "name": "t", "stages": [{"stage": "tokenize"}], "base_dir": str(tmp_path),
+        "sources": [{"name": "web", "type": "jsonl", "paths": ["a.jsonl", "gone.jsonl"]},
+                    {"name": "lost", "type": "jsonl", "paths": ["gone.jsonl", "*.nope"]}]})
+    items = work_items(recipe, recipe.sources[0])  # one missing file among others: a reject at read time
+    assert [item["path"] for item in items] == [str(tmp_path / "a.jsonl"), str(tmp_path / "gone.jsonl")]
+    with pytest.raises(RecipeError, match=r"sources\.lost\.paths: \['gone.jsonl', '\*.nope'\] matched no files"):
+        work_items(recipe, recipe.sources[1])
 
 
 def test_missing_file_is_one_reject(tmp_path):
