@@ -1,8 +1,10 @@
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from datapipe import cli
 from datapipe.config import RecipeError, load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,3 +131,11 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("name: [unclosed")
     with pytest.raises(RecipeError, match="not valid YAML"):
         load_recipe(bad)
+
+
+def test_the_set_example_in_run_help_works_on_the_demo_recipe(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    key, value = re.search(r"e\.g\.\s+--set\s+(\S+)=(\S+)", capsys.readouterr().out).groups()
+    recipe = load_recipe(REPO / "recipes" / "demo.yaml", [f"{key}={value}"])
+    assert recipe.curriculum[0].seq_len == int(value) and key == "curriculum.main.seq_len"
