@@ -105,11 +105,13 @@ def test_no_request_leaves_the_machine_even_to_a_local_server(web):
             f'try {{ new WebSocket("ws://127.0.0.1:{server.server_port}/ws"); }} catch (e) {{}}'
             f'</script><iframe src="http://localhost:{server.server_port}/frame"></iframe></body></html>')
     try:
-        web.render(page, None, OPTIONS)
+        result = web.render(page, None, OPTIONS)
         web.render(RED_BOX, None, OPTIONS)  # time for late requests to land, had any escaped
     finally:
         server.shutdown()
     assert hits == []
+    tried = {url.rsplit("/", 1)[-1] for url in result.meta["blocked_requests"]}
+    assert tried >= {"img", "css", "fetch", "beacon", "frame"}  # the page did ask: the route refused each
 
 
 def test_an_infinite_loop_ends_as_a_timeout_and_the_browser_stays_healthy(web):
