@@ -7,7 +7,7 @@ import pytest
 from datapipe import cli
 from tests.conftest import write_jsonl
 from tokenizer.bpe import SPECIAL_TOKENS, load_tokenizer, special_token_ids, train_tokenizer
-from tokenizer.fast import FastEncoder, HFEncoder, export_ranks, ranks_path, read_ranks
+from tokenizer.fast import FastEncoder, HFEncoder, export_ranks, load_checked_ranks, ranks_path, read_ranks
 from tokenizer.pretokenize import hf_pre_tokenizer
 
 
@@ -85,6 +85,10 @@ def test_stale_ranks_file_is_refused(tmp_path, tiny_tokenizer):
 def test_missing_ranks_file_is_derived_from_tokenizer_json(tmp_path, tiny_tokenizer):
     path = tmp_path / "tokenizer.json"
     path.write_text(tiny_tokenizer.read_text())
+    derived = load_checked_ranks(path, json.loads(path.read_text()))
+    assert derived == read_ranks(ranks_path(tiny_tokenizer))  # the ranks `datapipe tokenizer export` writes
+    FastEncoder(path)
+    assert not ranks_path(path).exists()  # in memory: loading writes nothing
     assert same_on_both_paths(path, "recipe stage")
 
 
