@@ -129,12 +129,13 @@ def test_written_documents_carry_images_placeholders_and_provenance(rendered_run
     page = next(d for d in docs if d["id"].endswith("page.html"))
     assert page["kind"] == "html" and page["meta"]["render"]["renderer"] == "chromium"
     assert page["meta"]["path"].endswith("page.html") and page["meta"]["render"]["sizes"] == [[320, 240]]
-    for doc in docs:
-        if not doc["reject"]:
-            assert doc["text"].count(MEDIA_PLACEHOLDER) == len(doc["media"]) == 1
-            assert doc["media"][0].startswith(b"\x89PNG")
-            assert doc["meta"]["transforms"] == ["render", "render_dedupe", "code_image_samples", "tokenize"]
-            assert len(doc["meta"]["render"]["dhash"][0]) == 64
+    written = [doc for doc in docs if not doc["reject"]]
+    assert len(written) == len(GOOD) + 1 + 6  # the good SVGs, the page, the generated SVGs
+    for doc in written:
+        assert doc["text"].count(MEDIA_PLACEHOLDER) == len(doc["media"]) == 1
+        assert doc["media"][0].startswith(b"\x89PNG")
+        assert doc["meta"]["transforms"] == ["render", "render_dedupe", "code_image_samples", "tokenize"]
+        assert len(doc["meta"]["render"]["dhash"][0]) == 64
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes run under uids of their own only when started as root")
