@@ -13,6 +13,13 @@ written last, atomically: a folder without a manifest is an unfinished run, and 
 writer first removes the previous manifest, shards and temporaries of its folder, so
 a crashed rewrite never leaves an old manifest beside new shards.
 
+Beside each shard, `shard-N.index.json` (written once the shard is complete, listed in
+the manifest with its size and sha256) holds the keys of its samples and, per member
+suffix, their sample numbers, data offsets and sizes: the loader finds every member
+without walking tar headers (14 us of Python a sample at 8K tokens). It names the
+shard's size and sha256, so it never passes for another version of the shard. The tars
+stay plain WebDataset: the index is a separate file that other readers never open.
+
 A run folder holds one stage folder per curriculum stage and, written last,
 `run.json`: the stages in training order with their token budgets (RUN_MANIFEST below).
 """
@@ -30,12 +37,13 @@ from typing import Any, Iterator
 import numpy as np
 
 from datapipe.schema import PackedSample
-from datapipe.tarsamples import iter_samples
+from datapipe.tarsamples import INDEX_FORMAT, iter_samples
 
 MANIFEST = "manifest.json"
 RUN_MANIFEST = "run.json"
 FORMAT = "datapipe-shards/1"
 RUN_FORMAT = "datapipe-run/1"
+INDEX_SUFFIX = ".index.json"
 
 
 class ShardWriter:
@@ -49,29 +57,40 @@ class ShardWriter:
         self.shards: list[dict[str, Any]] = []
         self.tar: tarfile.TarFile | None = None
         self.current: dict[str, Any] = {}
+        self.index: dict[str, Any] = {}  # the open shard's keys and member places (write_index)
         self.manifest: dict[str, Any] | None = None
 
     def write(self, sample: PackedSample) -> None:
         if self.tar is None:
             self.open_shard()
-        add_member(self.tar, f"{sample['key']}.tokens.npy", npy_bytes(sample["tokens"]))
-        add_member(self.tar, f"{sample['key']}.doc_lens.npy", npy_bytes(sample["doc_lens"]))
+        self.index["keys"].append(sample["key"])
+        self.add(sample["key"], "tokens.npy", npy_bytes(sample["tokens"]))
+        self.add(sample["key"], "doc_lens.npy", npy_bytes(sample["doc_lens"]))
         if "loss_mask" in sample:
-            add_member(self.tar, f"{sample['key']}.loss_mask.npy", npy_bytes(sample["loss_mask"]))
+            self.add(sample["key"], "loss_mask.npy", npy_bytes(sample["loss_mask"]))
         fields = {"doc_ids": sample["doc_ids"], "seq_len": sample["seq_len"], "num_pad": sample["num_pad"],
                   "doc_offsets": sample.get("doc_offsets", [0] * len(sample["doc_ids"])),
                   "media_spans": sample.get("media_spans", [])}
-        add_member(self.tar, f"{sample['key']}.json", json.dumps(fields, sort_keys=True).encode())
+        self.add(sample["key"], "json", json.dumps(fields, sort_keys=True).encode())
         for i, image in enumerate(sample.get("images", [])):
-            add_member(self.tar, f"{sample['key']}.{i}.png", image)
+            self.add(sample["key"], f"{i}.png", image)
         self.current["samples"] += 1
         self.current["tokens"] += sample["seq_len"] - sample["num_pad"]
         if self.current["samples"] >= self.samples_per_shard or self.tar.offset >= (self.max_bytes or 1 << 62):
             self.close_shard()
 
+    def add(self, key: str, suffix: str, data: bytes) -> None:
+        """One member, and its place in the shard's index (tarfile pads the data to the next block)."""
+        add_member(self.tar, f"{key}.{suffix}", data)
+        numbers, offsets, sizes = self.index["members"].setdefault(suffix, ([], [], []))
+        numbers.append(self.current["samples"])
+        offsets.append(self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE)
+        sizes.append(len(data))
+
     def open_shard(self) -> None:
         name = f"shard-{len(self.shards):06d}.tar"
         self.current = {"name": name, "samples": 0, "tokens": 0}
+        self.index = {"keys": [], "members": {}}
         self.tar = tarfile.open(self.folder / f".{name}.tmp", "w", format=tarfile.USTAR_FORMAT)
 
     def close_shard(self) -> None:
@@ -80,6 +99,7 @@ class ShardWriter:
         temporary, final = self.folder / f".{self.current['name']}.tmp", self.folder / self.current["name"]
         self.current.update(bytes=temporary.stat().st_size, sha256=file_sha256(temporary))
         os.replace(temporary, final)
+        self.current["index"] = write_index(self.folder, self.current, self.index)
         self.shards.append(self.current)
 
     def close(self) -> dict[str, Any]:
@@ -104,10 +124,23 @@ class ShardWriter:
             self.tar.close()
 
 
+def write_index(folder: Path, shard: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
+    """`shard-N.index.json` beside the shard: its samples' keys and, per member suffix, the sample
+    numbers, data offsets and sizes, so the loader never walks tar headers (datapipe.tarsamples).
+    It names the shard's size and sha256, so it never passes for another shard's; returns its
+    manifest entry."""
+    name = shard["name"].removesuffix(".tar") + INDEX_SUFFIX
+    data = json.dumps({"format": INDEX_FORMAT, "shard": shard["name"], "bytes": shard["bytes"],
+                       "sha256": shard["sha256"], **index}, separators=(",", ":")).encode()
+    write_atomic(folder / name, data)
+    return {"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
 def remove_previous_output(folder: Path) -> None:
     """The manifest goes first: from then on the folder reads as unfinished until close()."""
     (folder / MANIFEST).unlink(missing_ok=True)
-    for stale in [*folder.glob("shard-*.tar"), *folder.glob(".shard-*.tar.tmp")]:
+    for stale in [*folder.glob("shard-*.tar"), *folder.glob(".shard-*.tar.tmp"), *folder.glob(f"shard-*{INDEX_SUFFIX}"),
+                  *folder.glob(f".shard-*{INDEX_SUFFIX}.tmp")]:
         stale.unlink()
 
 
@@ -131,7 +164,8 @@ def write_run_manifest(out: Path, stages: list[dict[str, Any]], info: dict[str, 
 
 
 def read_shard(path: Path | str) -> Iterator[PackedSample]:
-    """The samples of one shard, in write order (arrays are views of one buffer holding the shard)."""
+    """The samples of one shard, in write order (arrays are views of one buffer holding the shard).
+    It walks the tar headers: a shard read on its own has no manifest to check an index against."""
     from datapipe.fetch import read_local
 
     for sample in iter_samples(read_local(Path(path)), str(path)):
@@ -152,6 +186,49 @@ def finish_sample(sample: dict[str, Any], with_positions: bool = True) -> Packed
     if with_positions and "doc_lens" in sample and "seq_len" in sample:
         sample["position_ids"] = derive_position_ids(sample["doc_lens"], sample["seq_len"])
     return sample
+
+
+def finish_samples(samples: list, with_positions: bool = True) -> None:
+    """finish_sample for a list of decoded samples (others in it are left alone), the position ids
+    of all of them derived at once: 5 us a sample at 8K tokens, where one at a time costs 18."""
+    decoded = [sample for sample in samples if sample.__class__ is dict]
+    for sample in decoded:
+        if "images" not in sample:
+            sample["images"] = []
+        if "media_spans" not in sample:
+            sample["media_spans"] = []
+    if with_positions and decoded:
+        add_position_ids([s for s in decoded if "doc_lens" in s and "seq_len" in s])
+
+
+def add_position_ids(samples: list[dict[str, Any]]) -> None:
+    """Each sample's position ids, as rows of one int32 array: the document pieces of all samples
+    laid end to end (each sample's padding one more piece) tile it, so a position is its column
+    minus where its piece starts. Samples that do not tile that way (mixed seq_len, pieces longer
+    than the sequence, no pieces) take derive_position_ids one at a time."""
+    if not samples:
+        return
+    seq_len = samples[0]["seq_len"]
+    lens = [np.asarray(s["doc_lens"]) for s in samples]
+    counts = np.fromiter(map(len, lens), dtype=np.int64, count=len(lens))
+    flat = np.concatenate(lens).astype(np.int64)
+    if counts.min() == 0 or any(s["seq_len"] != seq_len for s in samples) or (flat < 0).any():
+        for sample in samples:
+            sample["position_ids"] = derive_position_ids(sample["doc_lens"], sample["seq_len"])
+        return
+    ends = np.cumsum(counts)
+    padding = seq_len - np.add.reduceat(flat, ends - counts)
+    if padding.min() < 0:
+        for sample in samples:
+            sample["position_ids"] = derive_position_ids(sample["doc_lens"], sample["seq_len"])
+        return
+    pieces = np.insert(flat, ends, padding)
+    rows = np.repeat(np.arange(len(samples)), counts + 1)
+    starts = np.cumsum(pieces) - pieces - rows * seq_len  # where each piece starts in its own row
+    positions = np.repeat(starts.astype(np.int32), pieces).reshape(len(samples), seq_len)
+    np.subtract(int32_range(seq_len), positions, out=positions)
+    for sample, row in zip(samples, positions):
+        sample["position_ids"] = row
 
 
 def derive_position_ids(doc_lens: np.ndarray, seq_len: int) -> np.ndarray:

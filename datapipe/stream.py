@@ -30,8 +30,8 @@ from typing import Any
 from datapipe import fetch
 from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, window_order, windows
 from datapipe.schema import PackedSample
-from datapipe.shards import finish_sample
-from datapipe.tarsamples import ShardError, decode_sample, iter_encoded
+from datapipe.shards import finish_samples
+from datapipe.tarsamples import BadSample, ShardError, ShardIndex, decode_samples, parse_index, walk_index
 
 log = logging.getLogger(__name__)
 ON_ERROR = ("raise", "skip")
@@ -115,39 +115,36 @@ class Stream:
                 slots.close()
         self.epoch, self.position = self.epoch + 1, 0
 
-    def in_order(self, slots: Iterator[tuple | None]) -> Iterator[PackedSample]:
-        for encoded in slots:
+    def in_order(self, slots: Iterator[Any]) -> Iterator[PackedSample]:
+        for sample in slots:
             self.position += 1
-            sample = self.decode(encoded)
-            if sample is not None:
+            if sample.__class__ is dict:
                 yield sample
+            elif sample is not None:
+                self.bad_sample(sample)
 
-    def shuffled(self, todo: list, slots: Iterator[tuple | None]) -> Iterator[PackedSample]:
+    def shuffled(self, todo: list, slots: Iterator[Any]) -> Iterator[PackedSample]:
         """Fill a window, yield it in its permuted order from the current position; the next window."""
         for start, size, key in todo:
             chunk = list(islice(slots, size))
             for index in window_order(size, key, True)[self.position - start:]:
-                encoded, chunk[index] = chunk[index], None  # drop our reference: its shard buffer frees sooner
+                sample, chunk[index] = chunk[index], None  # drop our reference: its shard buffer frees sooner
                 self.position += 1
-                sample = self.decode(encoded)
-                if sample is not None:
+                if sample.__class__ is dict:
                     yield sample
+                elif sample is not None:
+                    self.bad_sample(sample)
 
-    def decode(self, encoded: tuple | None) -> PackedSample | None:
-        """Decode a located sample; under on_error="skip" a member that does not decode skips its sample."""
-        if encoded is None:
-            return None
-        try:
-            return finish_sample(decode_sample(*encoded), self.options.position_ids)
-        except ShardError as err:
-            if self.options.on_error == "raise":
-                raise
-            log.warning("skipping a sample: %s", err)
-            self.skipped.append(encoded[3])
-            return None
+    def bad_sample(self, sample: BadSample) -> None:
+        """A sample with a member that does not decode: raised, or under on_error="skip" left out."""
+        if self.options.on_error == "raise":
+            raise sample.error
+        log.warning("skipping a sample: %s", sample.error)
+        self.skipped.append(sample.shard)
 
-    def read_slots(self, spans: Iterator[Span], window_shards: int) -> Iterator[tuple | None]:
-        """One located sample per planned position, in plan order; None where a skipped shard was.
+    def read_slots(self, spans: Iterator[Span], window_shards: int) -> Iterator[Any]:
+        """One sample per planned position, in plan order: a dict, a BadSample, or None where a
+        skipped shard was. Samples are decoded a span at a time, as the span's turn comes.
 
         Reads, downloads and sha256 run `prefetch` shards ahead in threads (all three release
         the GIL), so the next shard arrives while this one is decoded; prefetch=0 reads inline."""
@@ -165,20 +162,42 @@ class Stream:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def load(self, span: Span, buffers: fetch.BufferPool):
+    def load(self, span: Span, buffers: fetch.BufferPool) -> tuple[Any, ShardIndex | None]:
+        """A shard's bytes and, when the writer left one, its index (a prefetch thread runs this)."""
         stage = self.stages[span.stage]
         shard = stage.shards[span.shard]
         cache = Path(self.options.cache_dir) if self.options.cache_dir else None
-        return fetch.load_shard(fetch.join(stage.location, shard["name"]), shard, cache, self.options.verify, buffers)
+        location = fetch.join(stage.location, shard["name"])
+        buffer = fetch.load_shard(location, shard, cache, self.options.verify, buffers)
+        return buffer, self.load_index(stage, shard, location, cache)
 
-    def span_samples(self, span: Span, future) -> Iterator[tuple | None]:
+    def load_index(self, stage: Stage, shard: dict[str, Any], location: str, cache: Path | None) -> ShardIndex | None:
+        """The shard's index; None, so that its tar headers are walked, when it has none or a bad one
+        (the samples are the same either way: an index only saves time)."""
+        entry = shard.get("index")
+        if entry is None:
+            return None
+        try:
+            data = fetch.load_shard(fetch.join(stage.location, entry["name"]), entry, cache, self.options.verify)
+            return parse_index(memoryview(data), location, shard)
+        except ShardError as err:
+            log.warning("reading a shard by its tar headers: %s", err)
+            return None
+
+    def span_samples(self, span: Span, future) -> Iterator[Any]:
         stage = self.stages[span.stage]
         location = fetch.join(stage.location, stage.shards[span.shard]["name"])
         produced = 0
         try:
-            for encoded in iter_encoded(future.result(), location, span.start, span.stop):
-                produced += 1
-                yield encoded
+            buffer, index = future.result()
+            if index is None:
+                index = walk_index(buffer, location, span.stop)
+            samples = decode_samples(buffer, index, location, span.start, span.stop)
+            finish_samples(samples, self.options.position_ids)
+            produced = len(samples)
+            yield from samples
+            if index.error is not None:
+                raise index.error
             if produced < span.stop - span.start:
                 raise ShardError(f"{location}: has {span.start + produced} samples, the manifest says "
                                  f"{stage.shards[span.shard]['samples']}: replaced or damaged; rewrite it")

@@ -97,7 +97,8 @@ def test_a_crash_leaves_finished_shards_and_a_temporary_but_no_manifest(tmp_path
             writer.write(sample)
         raise RuntimeError("killed")
     folder = tmp_path / "main"
-    assert sorted(p.name for p in folder.iterdir()) == [".shard-000002.tar.tmp", "shard-000000.tar", "shard-000001.tar"]
+    assert sorted(p.name for p in folder.iterdir()) == [".shard-000002.tar.tmp", "shard-000000.index.json",
+                                                        "shard-000000.tar", "shard-000001.index.json", "shard-000001.tar"]
 
 
 def test_members_decode_generically_by_extension(tmp_path):
