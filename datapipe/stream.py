@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +62,20 @@ class Stream:
         check_options(self.options, self.place)
         self.epoch, self.position = 0, 0
         self.skipped: list[str] = []  # shards left out under on_error="skip", in the order met
+        self.buffers: fetch.BufferPool | None = None  # shard buffers, made on the first iter()
+        self.position_buffers: fetch.BufferPool | None = None  # and the position ids' memory
 
     def for_worker(self, worker: int, num_workers: int) -> Stream:
         """The same loader for one DataLoader worker: a contiguous part of this rank's samples."""
         other = copy.copy(self)
         other.place = Placement(self.place.rank, self.place.world_size, worker, num_workers)
         check_options(other.options, other.place)
-        other.skipped = []
+        other.skipped, other.buffers, other.position_buffers = [], None, None
         return other
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled loader (a DataLoader worker's copy) starts with no buffers: they are not shareable."""
+        return {**self.__dict__, "buffers": None, "position_buffers": None}
 
     def __iter__(self) -> Iterator[PackedSample]:
         yield from self.iterate_epoch()
@@ -108,23 +114,25 @@ class Stream:
                 if w[0] + w[1] > self.position]
         if todo:
             first = todo[0][0] if options.shuffle else self.position
-            slots = self.read_slots(spans_from(segments, first), shards_per_window(self.stages, options))
+            spans = self.read_spans(spans_from(segments, first))
             try:
-                yield from self.shuffled(todo, slots) if options.shuffle else self.in_order(slots)
+                yield from self.shuffled(todo, spans) if options.shuffle else self.in_order(spans)
             finally:
-                slots.close()
+                spans.close()
         self.epoch, self.position = self.epoch + 1, 0
 
-    def in_order(self, slots: Iterator[Any]) -> Iterator[PackedSample]:
-        for sample in slots:
-            self.position += 1
-            if sample.__class__ is dict:
-                yield sample
-            elif sample is not None:
-                self.bad_sample(sample)
+    def in_order(self, spans: Iterator[list]) -> Iterator[PackedSample]:
+        for samples in spans:
+            for sample in samples:
+                self.position += 1
+                if sample.__class__ is dict:
+                    yield sample
+                elif sample is not None:
+                    self.bad_sample(sample)
 
-    def shuffled(self, todo: list, slots: Iterator[Any]) -> Iterator[PackedSample]:
+    def shuffled(self, todo: list, spans: Iterator[list]) -> Iterator[PackedSample]:
         """Fill a window, yield it in its permuted order from the current position; the next window."""
+        slots = chain.from_iterable(spans)
         for start, size, key in todo:
             chunk = list(islice(slots, size))
             for index in window_order(size, key, True)[self.position - start:]:
@@ -142,19 +150,23 @@ class Stream:
         log.warning("skipping a sample: %s", sample.error)
         self.skipped.append(sample.shard)
 
-    def read_slots(self, spans: Iterator[Span], window_shards: int) -> Iterator[Any]:
-        """One sample per planned position, in plan order: a dict, a BadSample, or None where a
-        skipped shard was. Samples are decoded a span at a time, as the span's turn comes.
+    def read_spans(self, spans: Iterator[Span]) -> Iterator[list]:
+        """The samples of each span in plan order, a list per span (or per part of one), one item
+        per planned position: a dict, a BadSample, or None where a skipped shard was. A span is
+        decoded when its turn comes.
 
         Reads, downloads and sha256 run `prefetch` shards ahead in threads (all three release
         the GIL), so the next shard arrives while this one is decoded; prefetch=0 reads inline."""
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.prefetch), thread_name_prefix="datapipe-fetch")
         submit = pool.submit if self.options.prefetch else run_now
-        buffers = fetch.BufferPool(keep=self.options.prefetch + 2 + window_shards)
+        if self.buffers is None:  # kept for the next epochs: fresh memory costs the kernel a zero-fill
+            window = shards_per_window(self.stages, self.options)
+            self.buffers = fetch.BufferPool(keep=self.options.prefetch + 2 + window)
+            self.position_buffers = fetch.BufferPool(keep=2 + window)
         pending: deque = deque()
         try:
             for span in spans:
-                pending.append((span, submit(self.load, span, buffers)))
+                pending.append((span, submit(self.load, span, self.buffers)))
                 if len(pending) > self.options.prefetch:
                     yield from self.span_samples(*pending.popleft())
             while pending:
@@ -184,7 +196,7 @@ class Stream:
             log.warning("reading a shard by its tar headers: %s", err)
             return None
 
-    def span_samples(self, span: Span, future) -> Iterator[Any]:
+    def span_samples(self, span: Span, future) -> Iterator[list]:
         stage = self.stages[span.stage]
         location = fetch.join(stage.location, stage.shards[span.shard]["name"])
         produced = 0
@@ -193,9 +205,9 @@ class Stream:
             if index is None:
                 index = walk_index(buffer, location, span.stop)
             samples = decode_samples(buffer, index, location, span.start, span.stop)
-            finish_samples(samples, self.options.position_ids)
+            finish_samples(samples, self.options.position_ids, self.position_buffers)
             produced = len(samples)
-            yield from samples
+            yield samples
             if index.error is not None:
                 raise index.error
             if produced < span.stop - span.start:
@@ -206,7 +218,7 @@ class Stream:
                 raise
             log.warning("skipping the rest of a shard: %s", err)
             self.skipped.append(location)
-            yield from [None] * (span.stop - span.start - produced)
+            yield [None] * (span.stop - span.start - produced)
 
 
 def resolve_buffer(options: StreamOptions, stages: list[Stage]) -> StreamOptions:

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import ast
 import math
-from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -60,12 +59,11 @@ class BadSample(NamedTuple):
 
 @dataclass
 class ShardIndex:
-    """Where the members of a shard's samples lie, column by column."""
+    """Where the members of a shard's samples lie, column by column (int64 arrays, samples ascending)."""
 
     keys: list[str]  # sample keys in archive order
-    columns: dict[str, tuple[list[int], list[int], list[int]]]  # member suffix -> (sample numbers, offsets, sizes)
+    columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # member suffix -> (sample numbers, offsets, sizes)
     error: ShardError | None = None  # the walk stopped here (damage): `keys` are the samples before it
-    sizes_known: bool = field(default=False, repr=False)  # offsets and sizes already checked against the buffer
 
 
 def walk_index(buffer, shard: str, stop: int | None = None) -> ShardIndex:
@@ -89,7 +87,11 @@ def walk_index(buffer, shard: str, stop: int | None = None) -> ShardIndex:
         error = err
         if keys:  # the sample the damage cut into may miss members: it is not handed out
             drop_last_sample(keys, columns)
-    return ShardIndex(keys, columns, error, sizes_known=True)
+    return ShardIndex(keys, {suffix: as_columns(*lists) for suffix, lists in columns.items()}, error)
+
+
+def as_columns(*lists: list[int]) -> tuple[np.ndarray, ...]:
+    return tuple(np.array(values, dtype=np.int64) for values in lists)
 
 
 def drop_last_sample(keys: list[str], columns: dict) -> None:
@@ -109,10 +111,13 @@ def parse_index(data: bytes | str, shard: str, entry: dict[str, Any]) -> ShardIn
             raise ValueError(f"format {index.get('format')!r}, expected {INDEX_FORMAT!r}")
         if index["bytes"] != entry["bytes"] or index["sha256"] != entry.get("sha256", index["sha256"]):
             raise ValueError("it belongs to another version of the shard (size or sha256 differ)")
-        columns = {suffix: (numbers, offsets, sizes) for suffix, (numbers, offsets, sizes) in index["members"].items()}
-        return ShardIndex(index["keys"], columns)
+        columns = {suffix: as_columns(numbers, offsets, sizes)
+                   for suffix, (numbers, offsets, sizes) in index["members"].items()}
+        index = ShardIndex(index["keys"], columns)
     except (ValueError, KeyError, TypeError) as err:
         raise ShardError(f"{shard}: its index does not match it ({err}); {REINDEX}") from None
+    check_bounds(index, entry["bytes"], shard)
+    return index
 
 
 def iter_members(buffer, shard: str) -> Iterator[tuple[str, int, int]]:
@@ -185,30 +190,26 @@ def decode_samples(buffer, index: ShardIndex, shard: str, start: int = 0,
     array = as_array(buffer)
     stop = len(index.keys) if stop is None else min(stop, len(index.keys))
     samples: list[Any] = [{"key": key} for key in index.keys[start:stop]]
-    if not index.sizes_known:
-        check_bounds(index, len(array), shard)
     decoder = ColumnDecoder(array, shard, samples, start)
     for suffix, (numbers, offsets, sizes) in index.columns.items():
-        lo, hi = bisect_left(numbers, start), bisect_left(numbers, stop)
+        lo, hi = numbers.searchsorted(start), numbers.searchsorted(stop)
         if lo < hi:
             decoder.decode(suffix, numbers[lo:hi], offsets[lo:hi], sizes[lo:hi])
     decoder.order_images()
     for number, error in decoder.errors.items():
-        samples[number - start] = BadSample(shard, error)
+        samples[number] = BadSample(shard, error)
     return samples
 
 
 def check_bounds(index: ShardIndex, length: int, shard: str) -> None:
     """An index read from a file must point inside its shard (numpy slices would quietly cut short)
     and list each column's samples in order (decode_samples bisects them)."""
-    for suffix, (numbers, offsets, sizes) in index.columns.items():
-        at, size, number = (np.asarray(column, dtype=np.int64) for column in (offsets, sizes, numbers))
+    for suffix, (number, at, size) in index.columns.items():
         if not len(at) == len(size) == len(number):
             raise ShardError(f"{shard}: its index has columns of different lengths for {suffix} members; {REINDEX}")
         if len(at) and (at.min() < BLOCK or (at + size).max() > length or size.min() < 0 or number.min() < 0
                         or number.max() >= len(index.keys) or (np.diff(number) < 0).any()):
             raise ShardError(f"{shard}: its index points outside the shard ({suffix} members); {REINDEX}")
-    index.sizes_known = True
 
 
 class ColumnDecoder:
@@ -221,45 +222,38 @@ class ColumnDecoder:
         self.errors: dict[int, ShardError] = {}
         self.with_images: list[dict[str, Any]] = []
 
-    def decode(self, suffix: str, numbers: list[int], offsets: list[int], sizes: list[int]) -> None:
+    def decode(self, suffix: str, numbers: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> None:
         kind, name = member_kind(suffix)
-        if kind == "npy":
-            self.decode_npy(name, suffix, numbers, offsets, sizes)
+        if kind == "npy" and self.decode_npy_column(name, numbers, offsets, sizes):
             return
         samples, first, view = self.samples, self.first, self.view
-        for number, offset, size in zip(numbers, offsets, sizes):
+        for number, offset, size in zip((numbers - first).tolist(), offsets.tolist(), sizes.tolist()):
             try:
                 if kind == "json":
-                    samples[number - first].update(json_loads(view[offset : offset + size]))
+                    samples[number].update(json_loads(view[offset : offset + size]))
+                elif kind == "npy":
+                    samples[number][name] = self.npy_array(offset, size)
                 elif kind == "image":
-                    self.add_image(samples[number - first], name, bytes(view[offset : offset + size]))
+                    self.add_image(samples[number], name, bytes(view[offset : offset + size]))
                 else:
-                    samples[number - first][name] = bytes(view[offset : offset + size])
+                    samples[number][name] = bytes(view[offset : offset + size])
             except DECODE_ERRORS as err:
                 self.fail(number, suffix, err)
 
-    def decode_npy(self, name: str, suffix: str, numbers: list[int], offsets: list[int], sizes: list[int]) -> None:
-        if self.decode_npy_column(name, numbers, offsets, sizes):
-            return
-        samples, first = self.samples, self.first
-        for number, offset, size in zip(numbers, offsets, sizes):
-            try:
-                dtype, shape, fortran, count, data = npy_header(self.npy_header_bytes(offset))
-                start, itemsize = offset + data, dtype.itemsize
-                if data + count * itemsize > size:
-                    raise ValueError(f"array of shape {shape} does not fit in {size} bytes")
-                typed = self.typed_view(dtype, start % itemsize)
-                values = typed[start // itemsize : start // itemsize + count]
-                samples[number - first][name] = values if len(shape) == 1 else values.reshape(
-                    shape, order="F" if fortran else "C")
-            except DECODE_ERRORS as err:
-                self.fail(number, suffix, err)
+    def npy_array(self, offset: int, size: int) -> np.ndarray:
+        """One .npy member as a view of the buffer, its header parsed on its own."""
+        dtype, shape, fortran, count, data = npy_header(self.npy_header_bytes(offset))
+        start, itemsize = offset + data, dtype.itemsize
+        if data + count * itemsize > size:
+            raise ValueError(f"array of shape {shape} does not fit in {size} bytes")
+        values = self.typed_view(dtype, start % itemsize)[start // itemsize : start // itemsize + count]
+        return values if len(shape) == 1 else values.reshape(shape, order="F" if fortran else "C")
 
-    def decode_npy_column(self, name: str, numbers: list[int], offsets: list[int], sizes: list[int]) -> bool:
+    def decode_npy_column(self, name: str, numbers: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:
         """A column in a few numpy passes, when it is as a stage writes it: format 1.0 headers of one
         length, 1-D arrays of one dtype whose data all start at one phase of its size, each fitting
         its member. Then a member costs one slice (0.3 us), against 1.7 one at a time. False: it
-        is not such a column, or something in it does not decode; decode_npy goes member by member."""
+        is not such a column, or something in it does not decode; `decode` goes member by member."""
         headers = self.npy_headers(offsets)
         try:
             parsed = {header: npy_header(header) for header in dict.fromkeys(headers)} if headers else {}
@@ -268,25 +262,27 @@ class ColumnDecoder:
         if not parsed or len({(dtype, len(shape)) for dtype, shape, *_ in parsed.values()} | {(None, 1)}) != 2:
             return False  # no headers, several dtypes, or an array that is not 1-D
         dtype, width = next(iter(parsed.values()))[0], len(headers[0])
-        counts = np.fromiter((parsed[header][3] for header in headers), dtype=np.int64, count=len(headers))
-        starts = np.asarray(offsets, dtype=np.int64) + width
+        if len(parsed) == 1:
+            counts = next(iter(parsed.values()))[3]
+        else:
+            counts = np.array([parsed[header][3] for header in headers], dtype=np.int64)
+        starts = offsets + width
         phase = int(starts[0]) % dtype.itemsize
-        if (width + counts * dtype.itemsize > np.asarray(sizes)).any() or (starts % dtype.itemsize != phase).any():
+        if (width + counts * dtype.itemsize > sizes).any() or (starts % dtype.itemsize != phase).any():
             return False
-        typed, samples, first = self.typed_view(dtype, phase), self.samples, self.first
+        typed, samples = self.typed_view(dtype, phase), self.samples
         starts = (starts - phase) // dtype.itemsize
-        for number, start, stop in zip(numbers, starts.tolist(), (starts + counts).tolist()):
-            samples[number - first][name] = typed[start:stop]
+        for number, start, stop in zip((numbers - self.first).tolist(), starts.tolist(), (starts + counts).tolist()):
+            samples[number][name] = typed[start:stop]
         return True
 
-    def npy_headers(self, offsets: list[int]) -> list[bytes] | None:
+    def npy_headers(self, offsets: np.ndarray) -> list[bytes] | None:
         """The .npy headers of a column as bytes, gathered in one numpy pass; None unless they are all
         format 1.0 of one length (as a stage writes them) inside the buffer. A tar member's data starts
         on a block, so the gather takes the first bytes of rows of a (blocks, 512) view."""
-        at = np.asarray(offsets, dtype=np.int64)
-        if (at % BLOCK).any() or at.max() + BLOCK > len(self.array):
+        if (offsets % BLOCK).any() or offsets.max() + BLOCK > len(self.array):
             return None
-        rows = at // BLOCK
+        rows = offsets // BLOCK
         blocks = self.array[: len(self.array) // BLOCK * BLOCK].reshape(-1, BLOCK)
         starts = blocks[rows, :10]
         lengths = starts[:, 8].astype(np.int64) | starts[:, 9].astype(np.int64) << 8
@@ -327,7 +323,8 @@ class ColumnDecoder:
             sample["images"] = [data for _, data in sorted(sample["images"], key=lambda image: image[0])]
 
     def fail(self, number: int, suffix: str, err: Exception) -> None:
-        key = self.samples[number - self.first]["key"]
+        """`number` counts from the first decoded sample."""
+        key = self.samples[number]["key"]
         self.errors.setdefault(number, ShardError(
             f"{self.shard}: member {key}.{suffix} does not decode ({err}); "
             "check it with verify=True, rewrite it, or read with on_error='skip'"))
