@@ -1,8 +1,9 @@
 """Get a shard's bytes into memory: a local file read whole, or a download through fsspec.
 
-A local shard is read with one readinto() into a buffer from a BufferPool: one copy,
-like `cat`, into memory that is already mapped (a fresh buffer costs a page fault and a
-kernel zero-fill per 4 KiB, which doubled the read time on our 2-core box). The loader
+A local shard is read with one readinto() into a page-aligned buffer from a BufferPool:
+one copy, like `cat`, into memory that is already mapped (a fresh buffer costs a page
+fault and a kernel zero-fill per 4 KiB, which doubled the read time on our 2-core box;
+a buffer 16 bytes off a page boundary, as malloc gives, tripled it). The loader
 runs these reads in prefetch threads, which hold no GIL during the system call, so
 reading the next shard overlaps decoding this one. Arrays the decoder returns are
 writable views of that buffer; a buffer is reused only once no view of it is alive.

@@ -188,9 +188,11 @@ def finish_sample(sample: dict[str, Any], with_positions: bool = True) -> Packed
     return sample
 
 
-def finish_samples(samples: list, with_positions: bool = True, buffers: Any = None) -> None:
-    """finish_sample for a list of decoded samples (other items in it are left alone), the position
-    ids of all of them derived at once (add_position_ids), into memory from `buffers` (a
+def finish_samples(samples: list, with_positions: bool = True, buffers: Any = None,
+                   positions: np.ndarray | None = None) -> None:
+    """finish_sample for a list of decoded samples (other items in it are left alone). Position
+    ids: row i of `positions` (span_positions') for samples[i] when every sample's seq_len is its
+    width, otherwise all derived here at once (add_position_ids), into memory from `buffers` (a
     datapipe.fetch.BufferPool) when given."""
     decoded = [sample for sample in samples if sample.__class__ is dict]
     for sample in decoded:
@@ -198,48 +200,78 @@ def finish_samples(samples: list, with_positions: bool = True, buffers: Any = No
             sample["images"] = []
         if "media_spans" not in sample:
             sample["media_spans"] = []
-    if with_positions and decoded:
-        add_position_ids([s for s in decoded if "doc_lens" in s and "seq_len" in s], buffers)
+    if not with_positions or not decoded:
+        return
+    if positions is not None and all(s.get("seq_len") == positions.shape[1] and "doc_lens" in s for s in decoded):
+        for sample, row in zip(samples, positions):
+            if sample.__class__ is dict:
+                sample["position_ids"] = row
+        return
+    add_position_ids([s for s in decoded if "doc_lens" in s and "seq_len" in s], buffers)
 
 
 def add_position_ids(samples: list[dict[str, Any]], buffers: Any = None) -> None:
-    """Each sample's position ids as a row of one int32 array. The document pieces of all the
-    samples laid end to end (each sample's padding one more piece) tile it, so it is a running
-    count of ones that drops back to 0 where a piece starts: one fill and one cumsum over the
-    whole array, 6 us a sample at 8K tokens where derive_position_ids one sample at a time costs
-    18. Reused memory matters as much: a fresh array costs the kernel a page fault and a zero-fill
-    per 4 KiB, as slow again. Samples that do not tile (mixed seq_len, pieces longer than the
-    sequence, none) take derive_position_ids."""
-    pieces = tiled_pieces(samples)
+    """Each sample's position ids, as rows of one array (positions_from_pieces); samples whose
+    pieces do not tile it (mixed seq_len, pieces longer than the sequence, none) take
+    derive_position_ids one at a time."""
+    if not samples:
+        return
+    seq_len, lens = samples[0]["seq_len"], [np.asarray(s["doc_lens"]) for s in samples]
+    counts = np.fromiter(map(len, lens), dtype=np.int64, count=len(lens))
+    pieces = None if any(s["seq_len"] != seq_len for s in samples) else tile_pieces(np.concatenate(lens), counts,
+                                                                                     seq_len)
     if pieces is None:
         for sample in samples:
             sample["position_ids"] = derive_position_ids(sample["doc_lens"], sample["seq_len"])
         return
-    size = len(samples) * samples[0]["seq_len"]
+    for sample, row in zip(samples, positions_from_pieces(pieces, len(samples), seq_len, buffers)):
+        sample["position_ids"] = row
+
+
+def span_positions(plan: Any, buffers: Any = None) -> np.ndarray | None:
+    """The position ids of a planned span (datapipe.tarsamples.SpanPlan), row i for its sample i,
+    before any sample is built: a prefetch thread runs it while the main thread decodes the
+    previous span, and its big numpy passes release the GIL. The sequence length is the tokens'
+    (finish_samples checks it against each sample's seq_len). None unless every sample has
+    integer doc_lens and tokens of one length, and its pieces fit."""
+    from datapipe.tarsamples import ArrayColumn
+
+    lens, tokens, size = plan.columns.get("doc_lens.npy"), plan.columns.get("tokens.npy"), len(plan.keys)
+    if not (isinstance(lens, ArrayColumn) and isinstance(tokens, ArrayColumn)) or lens.typed.dtype.kind not in "iu":
+        return None
+    if len(lens.numbers) != size or len(tokens.numbers) != size or (tokens.counts != tokens.counts[0]).any():
+        return None
+    firsts = np.cumsum(lens.counts) - lens.counts  # where each sample's pieces start in the gathered array
+    flat = lens.typed[np.repeat(lens.starts - firsts, lens.counts) + np.arange(int(lens.counts.sum()))]
+    pieces = tile_pieces(flat, lens.counts, int(tokens.counts[0]))
+    return None if pieces is None else positions_from_pieces(pieces, size, int(tokens.counts[0]), buffers)
+
+
+def tile_pieces(flat: np.ndarray, counts: np.ndarray, seq_len: int) -> np.ndarray | None:
+    """Samples' document pieces (flat, counts[i] for sample i) with each sample's padding as one
+    more piece, so they tile samples x seq_len; None if some sample has no piece, a negative
+    one, or more than seq_len."""
+    flat = flat.astype(np.int64)
+    if not len(counts) or counts.min() == 0 or (len(flat) and flat.min() < 0):
+        return None
+    ends = np.cumsum(counts)
+    padding = seq_len - np.add.reduceat(flat, ends - counts)
+    return None if padding.min() < 0 else np.insert(flat, ends, padding)
+
+
+def positions_from_pieces(pieces: np.ndarray, samples: int, seq_len: int, buffers: Any = None) -> np.ndarray:
+    """Position ids (int32, samples x seq_len) of pieces that tile the rows: a running count of ones
+    that drops back to 0 where a piece starts. One fill and one cumsum over the whole array, 6 us
+    a sample at 8K tokens, where derive_position_ids one sample at a time costs 18; memory from
+    `buffers` (reused) matters as much, as a fresh array costs the kernel a page fault and a
+    zero-fill per 4 KiB."""
+    size = samples * seq_len
     steps = (buffers.take(4 * size) if buffers else np.empty(4 * size, dtype=np.uint8)).view(np.int32)
     steps.fill(1)
     pieces = pieces[pieces > 0]
     steps[np.cumsum(pieces[:-1])] = 1 - pieces[:-1]  # the first position of each piece after the first
     steps[0] = 0
-    positions = np.cumsum(steps, out=steps).reshape(len(samples), -1)
-    for sample, row in zip(samples, positions):
-        sample["position_ids"] = row
-
-
-def tiled_pieces(samples: list[dict[str, Any]]) -> np.ndarray | None:
-    """The lengths of every sample's document pieces then its padding, all samples end to end; None
-    unless each sample's pieces fill exactly its seq_len, one seq_len for all."""
-    if not samples:
-        return None
-    seq_len = samples[0]["seq_len"]
-    lens = [np.asarray(s["doc_lens"]) for s in samples]
-    counts = np.fromiter(map(len, lens), dtype=np.int64, count=len(lens))
-    flat = np.concatenate(lens).astype(np.int64)
-    if counts.min() == 0 or any(s["seq_len"] != seq_len for s in samples) or (flat < 0).any():
-        return None
-    ends = np.cumsum(counts)
-    padding = seq_len - np.add.reduceat(flat, ends - counts)
-    return None if padding.min() < 0 else np.insert(flat, ends, padding)
+    return np.cumsum(steps, out=steps).reshape(samples, seq_len)
 
 
 def derive_position_ids(doc_lens: np.ndarray, seq_len: int) -> np.ndarray:

@@ -184,17 +184,104 @@ def as_array(buffer) -> np.ndarray:
     return buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8)
 
 
-def decode_samples(buffer, index: ShardIndex, shard: str, start: int = 0,
-                   stop: int | None = None) -> list[dict[str, Any] | BadSample]:
-    """Samples start..stop-1 of the index (fewer if it has fewer), decoded column by column."""
+@dataclass
+class ArrayColumn:
+    """The 1-D arrays of one .npy column as item ranges of one typed view of the shard buffer."""
+
+    name: str  # the sample field ("tokens" for k.tokens.npy)
+    numbers: list[int]  # the samples that have the member, counted from the span's first
+    typed: np.ndarray  # the buffer from some byte on, as the column's dtype
+    starts: np.ndarray  # where each array starts in `typed` (items)
+    counts: np.ndarray  # and how many items it has
+
+
+@dataclass
+class SpanPlan:
+    """Where a span's members are and how each column decodes, found without building a sample
+    (numpy only, so a prefetch thread does it): .npy columns in the layout a stage writes become
+    ArrayColumns; the other columns stay (numbers, offsets, sizes) for a member-by-member decode."""
+
+    keys: list[str]  # the span's sample keys
+    columns: dict[str, ArrayColumn | tuple[list[int], list[int], list[int]]]  # by suffix, in archive order
+
+
+def plan_span(buffer, index: ShardIndex, start: int = 0, stop: int | None = None) -> SpanPlan:
+    """The plan for samples start..stop-1 of the index (fewer if it has fewer)."""
     array = as_array(buffer)
     stop = len(index.keys) if stop is None else min(stop, len(index.keys))
-    samples: list[Any] = [{"key": key} for key in index.keys[start:stop]]
-    decoder = ColumnDecoder(array, shard, samples, start)
+    columns: dict[str, Any] = {}
+    typed: dict[tuple[np.dtype, int], np.ndarray] = {}  # one typed view per (dtype, byte phase), shared
     for suffix, (numbers, offsets, sizes) in index.columns.items():
         lo, hi = numbers.searchsorted(start), numbers.searchsorted(stop)
         if lo < hi:
-            decoder.decode(suffix, numbers[lo:hi], offsets[lo:hi], sizes[lo:hi])
+            numbers, offsets, sizes = numbers[lo:hi] - start, offsets[lo:hi], sizes[lo:hi]
+            kind, name = member_kind(suffix)
+            column = array_column(array, name, numbers, offsets, sizes, typed) if kind == "npy" else None
+            columns[suffix] = column or (numbers.tolist(), offsets.tolist(), sizes.tolist())
+    return SpanPlan(index.keys[start:stop], columns)
+
+
+def array_column(array: np.ndarray, name: str, numbers: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
+                 typed: dict) -> ArrayColumn | None:
+    """An .npy column as a stage writes it: format 1.0 headers of one length, 1-D arrays of one
+    dtype whose data all start at one phase of its size, each inside its member. Then a member
+    costs one slice (0.3 us), against 1.7 with its own header parse. None for any other column,
+    or one where something does not parse: those go member by member, which says what is wrong."""
+    headers = npy_headers(array, offsets)
+    try:
+        parsed = {header: npy_header(header) for header in dict.fromkeys(headers)} if headers else {}
+    except DECODE_ERRORS:
+        return None
+    if not parsed or len({(dtype, len(shape)) for dtype, shape, *_ in parsed.values()} | {(None, 1)}) != 2:
+        return None  # no headers, several dtypes, or an array that is not 1-D
+    dtype, width = next(iter(parsed.values()))[0], len(headers[0])
+    counts = np.array([parsed[header][3] for header in headers], dtype=np.int64)
+    starts = offsets + width
+    phase = int(starts[0]) % dtype.itemsize
+    if (width + counts * dtype.itemsize > sizes).any() or (starts % dtype.itemsize != phase).any():
+        return None
+    view = typed.get((dtype, phase))
+    if view is None:
+        usable = (len(array) - phase) // dtype.itemsize * dtype.itemsize
+        view = typed[dtype, phase] = array[phase : phase + usable].view(dtype)
+    return ArrayColumn(name, numbers.tolist(), view, (starts - phase) // dtype.itemsize, counts)
+
+
+def npy_headers(array: np.ndarray, offsets: np.ndarray) -> list[bytes] | None:
+    """The .npy headers of a column as bytes, gathered in one numpy pass; None unless they are all
+    format 1.0 of one length (as a stage writes them) inside the buffer. A tar member's data starts
+    on a block, so the gather takes the first bytes of rows of a (blocks, 512) view."""
+    if (offsets % BLOCK).any() or offsets.max() + BLOCK > len(array):
+        return None
+    rows = offsets // BLOCK
+    blocks = array[: len(array) // BLOCK * BLOCK].reshape(-1, BLOCK)
+    starts = blocks[rows, :10]
+    lengths = starts[:, 8].astype(np.int64) | starts[:, 9].astype(np.int64) << 8
+    width = 10 + int(lengths[0])
+    if (starts[:, 6] != 1).any() or (lengths != lengths[0]).any() or width > BLOCK:
+        return None
+    headers = blocks[rows, :width]
+    if (headers[:, -1] == 0).any():  # numpy's S type would strip it (a header ends in "\n")
+        return None
+    return headers.view(f"S{width}").ravel().tolist()
+
+
+def decode_samples(buffer, index: ShardIndex, shard: str, start: int = 0, stop: int | None = None,
+                   plan: SpanPlan | None = None) -> list[dict[str, Any] | BadSample]:
+    """Samples start..stop-1 of the index (fewer if it has fewer), built column by column from
+    `plan` (plan_span's, made here when not given). A sample with a member that does not decode
+    is a BadSample."""
+    plan = plan or plan_span(buffer, index, start, stop)
+    samples: list[Any] = [{"key": key} for key in plan.keys]
+    decoder = MemberDecoder(as_array(buffer), shard, samples)
+    for suffix, column in plan.columns.items():
+        if column.__class__ is ArrayColumn:
+            typed, name = column.typed, column.name
+            for number, first, end in zip(column.numbers, column.starts.tolist(),
+                                          (column.starts + column.counts).tolist()):
+                samples[number][name] = typed[first:end]
+        else:
+            decoder.decode(suffix, *column)
     decoder.order_images()
     for number, error in decoder.errors.items():
         samples[number] = BadSample(shard, error)
@@ -203,7 +290,7 @@ def decode_samples(buffer, index: ShardIndex, shard: str, start: int = 0,
 
 def check_bounds(index: ShardIndex, length: int, shard: str) -> None:
     """An index read from a file must point inside its shard (numpy slices would quietly cut short)
-    and list each column's samples in order (decode_samples bisects them)."""
+    and list each column's samples in order (plan_span bisects them)."""
     for suffix, (number, at, size) in index.columns.items():
         if not len(at) == len(size) == len(number):
             raise ShardError(f"{shard}: its index has columns of different lengths for {suffix} members; {REINDEX}")
@@ -212,22 +299,18 @@ def check_bounds(index: ShardIndex, length: int, shard: str) -> None:
             raise ShardError(f"{shard}: its index points outside the shard ({suffix} members); {REINDEX}")
 
 
-class ColumnDecoder:
-    """Decodes one column of members at a time into their samples; collects errors per sample."""
+class MemberDecoder:
+    """Decodes members one at a time into their samples; collects errors per sample."""
 
-    def __init__(self, array: np.ndarray, shard: str, samples: list[dict[str, Any]], first: int):
-        self.array, self.view, self.shard = array, memoryview(array), shard
-        self.samples, self.first = samples, first
-        self.typed: dict[tuple[np.dtype, int], np.ndarray] = {}  # (dtype, byte phase) -> the whole buffer as it
+    def __init__(self, array: np.ndarray, shard: str, samples: list[dict[str, Any]]):
+        self.array, self.view, self.shard, self.samples = array, memoryview(array), shard, samples
         self.errors: dict[int, ShardError] = {}
         self.with_images: list[dict[str, Any]] = []
 
-    def decode(self, suffix: str, numbers: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> None:
+    def decode(self, suffix: str, numbers: list[int], offsets: list[int], sizes: list[int]) -> None:
         kind, name = member_kind(suffix)
-        if kind == "npy" and self.decode_npy_column(name, numbers, offsets, sizes):
-            return
-        samples, first, view = self.samples, self.first, self.view
-        for number, offset, size in zip((numbers - first).tolist(), offsets.tolist(), sizes.tolist()):
+        samples, view = self.samples, self.view
+        for number, offset, size in zip(numbers, offsets, sizes):
             try:
                 if kind == "json":
                     samples[number].update(json_loads(view[offset : offset + size]))
@@ -242,74 +325,16 @@ class ColumnDecoder:
 
     def npy_array(self, offset: int, size: int) -> np.ndarray:
         """One .npy member as a view of the buffer, its header parsed on its own."""
-        dtype, shape, fortran, count, data = npy_header(self.npy_header_bytes(offset))
-        start, itemsize = offset + data, dtype.itemsize
-        if data + count * itemsize > size:
-            raise ValueError(f"array of shape {shape} does not fit in {size} bytes")
-        values = self.typed_view(dtype, start % itemsize)[start // itemsize : start // itemsize + count]
-        return values if len(shape) == 1 else values.reshape(shape, order="F" if fortran else "C")
-
-    def decode_npy_column(self, name: str, numbers: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:
-        """A column in a few numpy passes, when it is as a stage writes it: format 1.0 headers of one
-        length, 1-D arrays of one dtype whose data all start at one phase of its size, each fitting
-        its member. Then a member costs one slice (0.3 us), against 1.7 one at a time. False: it
-        is not such a column, or something in it does not decode; `decode` goes member by member."""
-        headers = self.npy_headers(offsets)
-        try:
-            parsed = {header: npy_header(header) for header in dict.fromkeys(headers)} if headers else {}
-        except DECODE_ERRORS:
-            return False
-        if not parsed or len({(dtype, len(shape)) for dtype, shape, *_ in parsed.values()} | {(None, 1)}) != 2:
-            return False  # no headers, several dtypes, or an array that is not 1-D
-        dtype, width = next(iter(parsed.values()))[0], len(headers[0])
-        if len(parsed) == 1:
-            counts = next(iter(parsed.values()))[3]
-        else:
-            counts = np.array([parsed[header][3] for header in headers], dtype=np.int64)
-        starts = offsets + width
-        phase = int(starts[0]) % dtype.itemsize
-        if (width + counts * dtype.itemsize > sizes).any() or (starts % dtype.itemsize != phase).any():
-            return False
-        typed, samples = self.typed_view(dtype, phase), self.samples
-        starts = (starts - phase) // dtype.itemsize
-        for number, start, stop in zip((numbers - self.first).tolist(), starts.tolist(), (starts + counts).tolist()):
-            samples[number][name] = typed[start:stop]
-        return True
-
-    def npy_headers(self, offsets: np.ndarray) -> list[bytes] | None:
-        """The .npy headers of a column as bytes, gathered in one numpy pass; None unless they are all
-        format 1.0 of one length (as a stage writes them) inside the buffer. A tar member's data starts
-        on a block, so the gather takes the first bytes of rows of a (blocks, 512) view."""
-        if (offsets % BLOCK).any() or offsets.max() + BLOCK > len(self.array):
-            return None
-        rows = offsets // BLOCK
-        blocks = self.array[: len(self.array) // BLOCK * BLOCK].reshape(-1, BLOCK)
-        starts = blocks[rows, :10]
-        lengths = starts[:, 8].astype(np.int64) | starts[:, 9].astype(np.int64) << 8
-        width = 10 + int(lengths[0])
-        if (starts[:, 6] != 1).any() or (lengths != lengths[0]).any() or width > BLOCK:
-            return None
-        headers = blocks[rows, :width]
-        if (headers[:, -1] == 0).any():  # numpy's S type would strip it (a header ends in "\n")
-            return None
-        return headers.view(f"S{width}").ravel().tolist()
-
-    def npy_header_bytes(self, offset: int) -> bytes:
         view = self.view
         if view[offset + 6] == 1:  # format 1.0: a 2-byte header length; 2.0 and 3.0 have four
             end = offset + 10 + (view[offset + 8] | view[offset + 9] << 8)
         else:
             end = offset + 12 + int.from_bytes(view[offset + 8 : offset + 12], "little")
-        return bytes(view[offset:end])
-
-    def typed_view(self, dtype: np.dtype, phase: int) -> np.ndarray:
-        """The buffer from byte `phase` on as `dtype` items: every array of that dtype whose data starts
-        at that phase is a slice of it (0.2 us, against 0.5 for np.frombuffer)."""
-        typed = self.typed.get((dtype, phase))
-        if typed is None:
-            usable = (len(self.array) - phase) // dtype.itemsize * dtype.itemsize
-            typed = self.typed[dtype, phase] = self.array[phase : phase + usable].view(dtype)
-        return typed
+        dtype, shape, fortran, count, data = npy_header(bytes(view[offset:end]))
+        if data + count * dtype.itemsize > size:
+            raise ValueError(f"array of shape {shape} does not fit in {size} bytes")
+        values = np.frombuffer(self.array, dtype, count, offset + data)
+        return values if len(shape) == 1 else values.reshape(shape, order="F" if fortran else "C")
 
     def add_image(self, sample: dict[str, Any], name: str, data: bytes) -> None:
         images = sample.get("images")
@@ -323,7 +348,7 @@ class ColumnDecoder:
             sample["images"] = [data for _, data in sorted(sample["images"], key=lambda image: image[0])]
 
     def fail(self, number: int, suffix: str, err: Exception) -> None:
-        """`number` counts from the first decoded sample."""
+        """`number` counts from the span's first sample."""
         key = self.samples[number]["key"]
         self.errors.setdefault(number, ShardError(
             f"{self.shard}: member {key}.{suffix} does not decode ({err}); "
