@@ -45,7 +45,25 @@ def test_manifest_counts_and_checksums(tmp_path):
 def test_same_samples_give_byte_identical_shards(tmp_path):
     write_run(tmp_path / "a")
     write_run(tmp_path / "b")
-    assert read_manifest(tmp_path / "a")["shards"] == read_manifest(tmp_path / "b")["shards"]
+    assert read_manifest(tmp_path / "a")["shards"] == read_manifest(tmp_path / "b")["shards"]  # index sha256s too
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(p.name for p in (tmp_path / "b").iterdir())
+
+
+def test_index_locates_every_member_as_tarfile_does(tmp_path):
+    import json
+    import tarfile
+
+    write_run(tmp_path / "main")
+    for shard in read_manifest(tmp_path / "main")["shards"]:
+        index_file = tmp_path / "main" / shard["index"]["name"]
+        assert hashlib.sha256(index_file.read_bytes()).hexdigest() == shard["index"]["sha256"]
+        index = json.loads(index_file.read_text())
+        assert (index["bytes"], index["sha256"], index["shard"]) == (shard["bytes"], shard["sha256"], shard["name"])
+        with tarfile.open(tmp_path / "main" / shard["name"]) as tar:
+            members = [(m.name, m.offset_data, m.size) for m in tar.getmembers()]
+        listed = sorted((f"{index['keys'][number]}.{suffix}", offset, size)
+                        for suffix, columns in index["members"].items() for number, offset, size in zip(*columns))
+        assert listed == sorted(members) and len(index["keys"]) == shard["samples"]
 
 
 def test_plain_webdataset_reads_our_shards(tmp_path):
@@ -97,7 +115,8 @@ def test_a_crash_leaves_finished_shards_and_a_temporary_but_no_manifest(tmp_path
             writer.write(sample)
         raise RuntimeError("killed")
     folder = tmp_path / "main"
-    assert sorted(p.name for p in folder.iterdir()) == [".shard-000002.tar.tmp", "shard-000000.tar", "shard-000001.tar"]
+    assert sorted(p.name for p in folder.iterdir()) == [".shard-000002.tar.tmp", "shard-000000.index.json",
+                                                        "shard-000000.tar", "shard-000001.index.json", "shard-000001.tar"]
 
 
 def test_members_decode_generically_by_extension(tmp_path):
@@ -127,6 +146,26 @@ def npy(array):
     from datapipe.shards import npy_bytes
 
     return npy_bytes(array)
+
+
+def test_position_ids_of_a_batch_equal_one_at_a_time():
+    from datapipe.fetch import BufferPool
+    from datapipe.shards import add_position_ids, derive_position_ids
+
+    rng, pool = np.random.default_rng(1), BufferPool(keep=2)
+    for trial in range(100):
+        seq_len = int(rng.integers(1, 300))
+        samples = []
+        for _ in range(int(rng.integers(1, 12))):
+            cuts = np.sort(rng.integers(0, seq_len + 1, size=int(rng.integers(1, 6))))
+            lens = np.diff(cuts, prepend=0).astype(np.int32)  # pieces of length 0 too; the rest is padding
+            samples.append({"doc_lens": lens, "seq_len": seq_len})
+        if trial % 10 == 0:  # not tiling: another seq_len, or pieces longer than the sequence
+            samples.append({"doc_lens": np.array([seq_len + 3], np.int32), "seq_len": seq_len + 3 + trial % 20})
+        add_position_ids(samples, pool if trial % 2 else None)
+        for sample in samples:
+            expected = derive_position_ids(sample["doc_lens"], sample["seq_len"])
+            assert sample["position_ids"].dtype == np.int32 and np.array_equal(sample["position_ids"], expected)
 
 
 def test_derived_position_ids_equal_the_packers():

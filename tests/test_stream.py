@@ -235,10 +235,86 @@ def test_truncated_shard_error_names_the_shard(stage_copy):
         list(stream(stage_copy))
 
 
+def drop_indexes(folder):
+    """The stage as another tool would write it: shards and a manifest, no index files."""
+    manifest = read_manifest(folder)
+    for shard in manifest["shards"]:
+        (folder / shard.pop("index")["name"]).unlink()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
 def test_damaged_header_error_names_the_shard(stage_copy):
     damage(stage_copy / "shard-000002.tar", 512 * 7, b"\xff" * 512)
+    with pytest.raises(ShardError, match=r"shard-000002\.tar: sha256 differs"):
+        list(stream(stage_copy, verify=True))  # the index locates the members: the header is never read
     with pytest.raises(ShardError, match=r"shard-000002\.tar: damaged tar header"):
-        list(stream(stage_copy))
+        list(stream(drop_indexes(stage_copy)))
+
+
+def test_index_and_header_walk_give_the_same_samples(stage, tmp_path):
+    indexed = list(stream(stage, shuffle=True, seed=3))
+    walked = list(stream(drop_indexes(shutil.copytree(stage, tmp_path / "main")), shuffle=True, seed=3))
+    assert keys(indexed) == keys(walked)
+    for a, b in zip(indexed, walked):
+        assert a.keys() == b.keys()
+        for name, value in a.items():
+            assert np.array_equal(value, b[name]) if isinstance(value, np.ndarray) else value == b[name]
+
+
+def test_an_index_that_does_not_match_its_shard_is_not_used(stage_copy, caplog):
+    first, second = (stage_copy / f"shard-00000{i}.index.json" for i in (1, 2))
+    first.write_bytes(second.read_bytes())  # another shard's index
+    reference = list(read_shards(stage_copy))
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy)), reference)
+    assert "reading a shard by its tar headers" in caplog.text and "shard-000001.index.json" in caplog.text
+    manifest = read_manifest(stage_copy)
+    manifest["shards"][1]["index"] = manifest["shards"][2]["index"]  # a manifest edited to match: still refused
+    (stage_copy / "manifest.json").write_text(json.dumps(manifest))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy)), reference)
+    assert "shard-000001.tar: its index does not match it" in caplog.text
+
+
+def test_a_tampered_index_is_caught_by_verify_or_its_bounds(stage_copy, caplog):
+    path = stage_copy / "shard-000003.index.json"
+    text, index = path.read_text(), json.loads(path.read_text())
+    offset = index["members"]["tokens.npy"][1][-1]
+    nines = int("9" * len(str(offset)))
+    assert nines > read_manifest(stage_copy)["shards"][3]["bytes"]
+    path.write_text(text.replace(f",{offset}]", f",{nines}]"))  # outside the shard, and the file keeps its size
+    reference = list(read_shards(stage_copy))
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy, verify=True)), reference)
+    assert "shard-000003.index.json: sha256 differs" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy)), reference)
+    assert "shard-000003.tar: its index points outside the shard" in caplog.text
+
+
+def test_a_member_that_does_not_decode_fails_only_its_sample(stage_copy):
+    index = json.loads((stage_copy / "shard-000002.index.json").read_text())
+    numbers, offsets, _ = index["members"]["json"]
+    bad_key = index["keys"][numbers[2]]
+    damage(stage_copy / "shard-000002.tar", offsets[2], b"{{{{")  # same size, not JSON any more
+    loader = stream(stage_copy)
+    got = []
+    with pytest.raises(ShardError, match=rf"shard-000002\.tar: member {bad_key}\.json does not decode"):
+        for sample in loader:
+            got.append(sample["key"])
+    assert got[-1] == index["keys"][numbers[1]]  # everything before it came
+    skipping = stream(stage_copy, on_error="skip")
+    assert keys(skipping) == [key for key in json_keys(stage_copy) if key != bad_key]
+    assert skipping.skipped == [str(stage_copy / "shard-000002.tar")]
+
+
+def json_keys(folder):
+    """Every sample key in manifest order, from the index files."""
+    return [key for shard in read_manifest(folder)["shards"]
+            for key in json.loads((folder / shard["index"]["name"]).read_text())["keys"]]
 
 
 def test_verify_catches_a_flipped_byte_that_keeps_the_size(stage_copy):
