@@ -87,7 +87,9 @@ def import_streaming():
     try:
         import streaming
     except ImportError as err:
-        raise SystemExit(f"bench/stream.py compares with MosaicML streaming: run `make bench-deps` first ({err})")
+        raise SystemExit(
+            f"bench/stream.py compares with MosaicML streaming: run `make bench-deps` first ({err})"
+        ) from err
 
     return streaming
 

@@ -37,8 +37,16 @@ from datapipe import fetch
 from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, window_order, windows
 from datapipe.schema import PackedSample
 from datapipe.shards import finish_samples, span_positions
-from datapipe.tarsamples import (BadSample, ShardError, ShardIndex, SpanPlan, decode_samples, parse_index, plan_span,
-                                 walk_index)
+from datapipe.tarsamples import (
+    BadSample,
+    ShardError,
+    ShardIndex,
+    SpanPlan,
+    decode_samples,
+    parse_index,
+    plan_span,
+    walk_index,
+)
 
 log = logging.getLogger(__name__)
 ON_ERROR = ("raise", "skip")
