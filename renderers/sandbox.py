@@ -18,13 +18,19 @@ every process of the worker's uid and starts a fresh worker for the next request
 costs one request, never the pool. Without root the worker keeps the caller's uid: the
 rlimits and the process-group kill still apply, the per-worker process cap does not.
 
-`sandbox_exec` applies the same limits and uid drop to another program (Chromium).
+`sandbox_exec` applies the same limits and uid drop to another program (Chromium), and,
+as root where /sys/fs/cgroup can be written, puts it in a memory cgroup of its own
+(`cgroup_memory_mb`: the whole process tree's memory, which RLIMIT_AS cannot cap for a
+program like V8 that reserves terabytes of address space); past it the kernel kills a
+process of that tree. Without root or a writable cgroup tree the cap is left out, with a
+warning.
 """
 from __future__ import annotations
 
 import ctypes
 import itertools
 import json
+import logging
 import os
 import resource
 import selectors
@@ -35,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from renderers.base import RenderError
@@ -45,6 +52,8 @@ MAX_REPLY_BYTES = 256 << 20  # a reply larger than this is a misbehaving worker,
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 STARTUP_TIMEOUT_S = 60.0  # imports on a loaded 2-core machine; a render timeout starts after this
 _uid_counter = itertools.count()
+CGROUP_V2, CGROUP_V1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory")  # unified tree; v1 memory hierarchy
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class Limits:
     nproc: int = 64  # processes and threads of the worker's uid
     nofile: int = 256
     fsize: int | None = 0  # bytes a worker may write to a file; None for programs that need a profile
+    cgroup_memory_mb: int | None = None  # the whole tree's memory, in a cgroup of its own (root only)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -264,6 +274,8 @@ def answer(function: Callable, header: dict[str, Any], payload: bytes) -> tuple[
 def sandbox_exec(limits: Limits, uid: int | None, argv: list[str]) -> None:
     """Replace this process with argv, confined. A `--user-data-dir=` folder (Chromium's
     profile, made by the launcher as root) is handed to the uid first."""
+    if limits.cgroup_memory_mb is not None and uid is not None:
+        join_memory_cgroup(cgroup_name(uid), limits.cgroup_memory_mb)
     profiles = [arg.split("=", 1)[1] for arg in argv if arg.startswith("--user-data-dir=")]
     if uid is not None:
         for profile in profiles:
@@ -274,6 +286,81 @@ def sandbox_exec(limits: Limits, uid: int | None, argv: list[str]) -> None:
         os.setsid()
     confine(limits, uid)
     os.execv(argv[0], argv)
+
+
+def cgroup_name(uid: int | str) -> str:
+    return f"datapipe-{uid}"
+
+
+def memory_cgroup_root() -> tuple[Path, str] | None:
+    """(where memory cgroups are made, the limit file's name), or None where there is none."""
+    if "memory" in read_or_empty(CGROUP_V2 / "cgroup.controllers").split():
+        return CGROUP_V2, "memory.max"
+    if (CGROUP_V1 / "memory.limit_in_bytes").exists():
+        return CGROUP_V1, "memory.limit_in_bytes"
+    return None
+
+
+def read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def join_memory_cgroup(name: str, limit_mb: int) -> bool:
+    """Make cgroup `name` capped at limit_mb (no swap where that can be set) and move this
+    process into it; its children are born inside. False, with a warning, where that fails."""
+    found = memory_cgroup_root()
+    try:
+        if found is None:
+            raise OSError("no memory controller under /sys/fs/cgroup")
+        root, limit_file = found
+        folder = root / name
+        folder.mkdir(exist_ok=True)
+        (folder / limit_file).write_text(str(limit_mb << 20))
+        for swap in ("memory.swap.max", "memory.memsw.limit_in_bytes"):  # absent without swap accounting
+            if (folder / swap).exists():
+                try:
+                    (folder / swap).write_text("0" if swap.endswith("max") else str(limit_mb << 20))
+                except OSError:
+                    pass
+        (folder / "cgroup.procs").write_text(str(os.getpid()))
+        return True
+    except OSError as err:
+        log.warning("no memory cgroup for %s (%s): its memory is capped only by its own limits", name, err)
+        return False
+
+
+def memory_cgroups_work() -> bool:
+    """Whether this process can make memory cgroups (root, a writable tree): a probe made and removed."""
+    found = memory_cgroup_root()
+    if found is None or os.geteuid() != 0:
+        return False
+    probe = found[0] / cgroup_name(f"probe-{os.getpid()}")
+    try:
+        probe.mkdir()
+        probe.rmdir()
+        return True
+    except OSError:
+        return False
+
+
+def remove_memory_cgroups(name: str = "") -> None:
+    """Remove cgroup `name`, or with no name every empty datapipe cgroup (ones whose owner was killed
+    before it could clean up); a cgroup with live processes stays (the kernel refuses)."""
+    found = memory_cgroup_root()
+    if found is None:
+        return
+    for folder in [found[0] / name] if name else found[0].glob("datapipe-*"):
+        for _ in range(50 if name else 1):  # processes killed a moment ago may still be leaving it
+            try:
+                folder.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
 
 
 def chown_tree(folder: str, uid: int) -> None:

@@ -6,7 +6,9 @@ page across renders, and replaces only what broke.
 
 Isolation, each layer on its own enough to stop what it targets:
 - Chromium runs through the sandbox launcher (renderers.sandbox exec): its own uid, a
-  process cap, the whole tree killed by uid when it is replaced;
+  process cap, the whole tree killed by uid when it is replaced, and (as root, where
+  /sys/fs/cgroup is writable) a memory cgroup of its own capping the whole browser at
+  memory_mb + BROWSER_BASE_MB: ArrayBuffers and images live outside V8's heap;
 - no network: an offline context AND --host-resolver-rules mapping every host to NOTFOUND
   (route interception alone lets sendBeacon and WebSocket through);
 - no files: a page is never opened from file://. It is served from an in-memory route at
@@ -27,17 +29,19 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from renderers.base import Render, RenderError, RenderOptions
-from renderers.sandbox import Limits, allocate_uid, kill_tree
+from renderers.sandbox import Limits, allocate_uid, cgroup_name, kill_tree, remove_memory_cgroups
 
 CHROMIUM = "/usr/bin/chromium"
 HOST = "render.invalid"  # .invalid never resolves (RFC 2606); only our route answers it
 MAX_ASSET_BYTES = 16 << 20  # a page's single local file; larger ones get a 404
 CONTEXT_RECYCLE = 200  # renders per context: bounds what a page can leave behind (caches, leaks)
 CHROMIUM_LIMITS = Limits(memory_mb=None, nproc=1024, nofile=8192, fsize=None)  # V8 reserves TBs of address space
+BROWSER_BASE_MB = 1024  # the browser's own processes (about 300 MB) and a page's images, beside the V8 heap
 SEEDED_RANDOM = """(() => { let s = 0x2545F491; Math.random = () => { s = (s + 0x6D2B79F5) | 0;
   let t = Math.imul(s ^ (s >>> 15), 1 | s); t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
   return ((t ^ (t >>> 14)) >>> 0) / 4294967296; }; })();"""
@@ -166,9 +170,11 @@ class WebRenderer:
         self.stop_browser()
         self.playwright = self.playwright or start_playwright()
         self.uid = allocate_uid()
+        remove_memory_cgroups()  # those of browsers whose actor was killed before its clean-up
         launcher_dir = tempfile.mkdtemp(prefix="chromium-", dir=scratch_dir())
+        limits = replace(CHROMIUM_LIMITS, cgroup_memory_mb=options.memory_mb + BROWSER_BASE_MB)
         try:
-            self.browser = self.launch(write_launcher(launcher_dir, self.uid), options)
+            self.browser = self.launch(write_launcher(launcher_dir, self.uid, limits), options)
         finally:
             shutil.rmtree(launcher_dir, ignore_errors=True)  # the browser runs; nothing to leave in /tmp
         self.memory_mb = options.memory_mb
@@ -197,6 +203,7 @@ class WebRenderer:
                 pass
         if self.uid is not None:
             kill_tree(None, self.uid)
+            remove_memory_cgroups(cgroup_name(self.uid))
 
     def close(self) -> None:
         self.stop_browser()
@@ -233,14 +240,14 @@ def start_playwright():
         os.environ.pop("TMPDIR") if saved is None else os.environ.update(TMPDIR=saved)
 
 
-def write_launcher(folder: str, uid: int | None) -> str:
+def write_launcher(folder: str, uid: int | None, limits: Limits = CHROMIUM_LIMITS) -> str:
     """A script Playwright runs as "the browser": Chromium confined by renderers.sandbox."""
     import renderers
 
     package_root = str(Path(renderers.__file__).resolve().parent.parent)
     path = Path(folder) / "chromium"
     path.write_text(f"#!/bin/sh\nPYTHONPATH='{package_root}' exec '{sys.executable}' -m renderers.sandbox exec "
-                    f"'{CHROMIUM_LIMITS.to_json()}' '{'' if uid is None else uid}' -- {CHROMIUM} \"$@\"\n")
+                    f"'{limits.to_json()}' '{'' if uid is None else uid}' -- {CHROMIUM} \"$@\"\n")
     path.chmod(0o700)
     return str(path)
 

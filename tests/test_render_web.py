@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from renderers.base import RenderError, RenderOptions
-from renderers.sandbox import processes_of
+from renderers.sandbox import cgroup_name, memory_cgroup_root, memory_cgroups_work, processes_of
 from renderers.web import WebRenderer
 
 OPTIONS = RenderOptions(viewports=[(320, 200)], timeout_s=5)
@@ -135,6 +135,24 @@ def test_a_page_that_crashes_its_renderer_costs_one_reject(web):
     options = RenderOptions(viewports=[(320, 200)], timeout_s=30, memory_mb=128)
     assert reject_reason(web, bomb, options=options) == "crashed"  # the V8 heap cap, long before timeout_s
     assert red_pixels(web.render(RED_BOX, None, options).images[0]) == 100 * 50
+
+
+@pytest.mark.skipif(not memory_cgroups_work(), reason="needs root and a writable /sys/fs/cgroup (the memory cap "
+                    "is left out elsewhere); without the cap this page would take 5 GB")
+def test_memory_outside_the_v8_heap_is_capped_by_the_browser_cgroup(web):
+    """Typed arrays live outside V8's heap, so --max-old-space-size does not stop them; the browser's
+    memory cgroup (memory_mb + BROWSER_BASE_MB = 1152 MB here) does, long before 5 GB."""
+    hog = ("<html><body><script>const keep = []; for (let i = 0; i < 160; i++) "
+           "{ const a = new Uint8Array(32 << 20); a.fill(7); keep.push(a); }</script></body></html>")
+    options = RenderOptions(viewports=[(320, 200)], timeout_s=60, memory_mb=128)
+    assert reject_reason(web, hog, options=options) == "crashed"
+    cgroup = memory_cgroup_root()[0] / cgroup_name(web.uid)
+    events = (cgroup / "memory.events").read_text() if (cgroup / "memory.events").exists() else \
+        (cgroup / "memory.oom_control").read_text()
+    assert int(events.split("oom_kill ")[1].split()[0]) >= 1  # the kernel's OOM killer acted inside the cgroup
+    assert red_pixels(web.render(RED_BOX, None, options).images[0]) == 100 * 50
+    web.stop_browser()
+    assert not cgroup.exists()  # removed with its browser
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="Chromium runs under a uid of its own only when started as root")
