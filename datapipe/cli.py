@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from datapipe.config import RecipeError, load_recipe
+from datapipe.config import RecipeError, RunError, load_recipe
 
 console = Console(stderr=True)
 REPO_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (RecipeError, FileNotFoundError) as err:
+    except (RecipeError, RunError, FileNotFoundError) as err:
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:

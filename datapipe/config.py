@@ -21,6 +21,11 @@ class RecipeError(ValueError):
     """A recipe that cannot run; the message names the file, the key and the fix."""
 
 
+class RunError(RuntimeError):
+    """A run that cannot start for a reason outside the recipe (a cluster that does not answer);
+    the message says what to do."""
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 from functools import lru_cache, partial
 from pathlib import Path
@@ -23,7 +24,7 @@ from rich.console import Console
 from rich.progress import track
 
 from datapipe import registry
-from datapipe.config import RayConfig, Recipe, RecipeError, SourceConfig, StageConfig
+from datapipe.config import RayConfig, Recipe, RecipeError, RunError, SourceConfig, StageConfig
 from datapipe.curriculum import CurriculumStage, Usage, pack_stage, stage_stats
 from datapipe.packing import SpecialIds
 from datapipe.report import RunStats, make_progress, update_progress
@@ -127,15 +128,20 @@ def connect(cfg: RayConfig, address: str | None) -> None:
     """Join a cluster (--ray-address, the recipe, or RAY_ADDRESS), else start Ray on this machine."""
     import ray
 
+    address = address or cfg.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        check_reachable(address)
     if not ray.is_initialized():
-        address = address or cfg.address or os.environ.get("RAY_ADDRESS")
         quiet = {"logging_level": logging.ERROR, "log_to_driver": True, "include_dashboard": False}
         if address:
             import datapipe
             import renderers
             import tokenizer
 
-            ray.init(address=address, runtime_env={"py_modules": [datapipe, renderers, tokenizer]}, **quiet)
+            try:
+                ray.init(address=address, runtime_env={"py_modules": [datapipe, renderers, tokenizer]}, **quiet)
+            except (ConnectionError, RuntimeError) as err:
+                raise RunError(cluster_hint(address, err)) from None
         else:
             ray.init(num_cpus=cfg.num_cpus, object_store_memory=cfg.object_store_mb << 20, **quiet)
     context = ray.data.DataContext.get_current()
@@ -143,6 +149,28 @@ def connect(cfg: RayConfig, address: str | None) -> None:
     context.enable_progress_bars = False  # ours shows records/s and tokens/s
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # its notices talk about the bars we turned off
+
+
+def check_reachable(address: str) -> None:
+    """Fail at once when nothing listens at host:port (ray.init would retry for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():  # "auto", "local": Ray finds the cluster itself
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as err:
+        raise RunError(f"nothing answers at {address} ({err.strerror or err}): start the cluster (`ray start --head` "
+                       "on its head node prints the address to use) or fix --ray-address / RAY_ADDRESS") from None
+
+
+def cluster_hint(address: str, err: Exception) -> str:
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    hint = (f"cannot join the Ray cluster at {address} ({first_line}). Check the address (`ray status` on the "
+            "head node prints it; ray://host:10001 for Ray Client) and that this machine runs the same Ray version")
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        hint += ("; a cluster started with `ray start` uses token authentication by default: set "
+                 "RAY_AUTH_MODE=token here (the token comes from ~/.ray/auth_token or RAY_AUTH_TOKEN)")
+    return hint
 
 
 def build_plan(recipe: Recipe):

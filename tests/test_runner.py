@@ -1,6 +1,7 @@
 """End to end on real Ray: the CLI runs a tiny recipe; every record is accounted for."""
 import gzip
 import json
+import socket
 
 import numpy as np
 import pyarrow as pa
@@ -116,6 +117,16 @@ def test_run_refuses_actor_pools_that_would_starve_reading(finished_run, tmp_pat
     assert cli.main(["run", recipe, "--out", str(tmp_path / "o"), "--set", "stages.tokenize.concurrency=2"]) == 2
     message = capsys.readouterr().err
     assert "actor stages hold 2 CPUs" in message and "tokenize 2" in message and "ray.num_cpus" in message
+
+
+def test_run_says_when_nothing_answers_at_the_cluster_address(finished_run, tmp_path, capsys):
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    recipe = str(finished_run.parent / "tiny.yaml")
+    assert cli.main(["run", recipe, "--out", str(tmp_path / "o"), "--ray-address", f"127.0.0.1:{port}"]) == 2
+    message = capsys.readouterr().err
+    assert f"nothing answers at 127.0.0.1:{port}" in message and "ray start --head" in message
 
 
 def test_a_stage_error_rejects_only_the_failing_record():
