@@ -39,17 +39,22 @@ def describe_sample(sample: dict, decode) -> str:
 
 
 def stage_table(folder: Path, packed: dict) -> Table:
-    """A stage's shards from its manifest, with the curriculum figures of stats.json beside them."""
+    """A stage's shards from its manifest, with the curriculum figures of stats.json beside them
+    (metric and value rows, like the run summary: nine columns do not fit 80 characters)."""
     manifest = read_manifest(folder)
     table = Table(title=f"stage {manifest.get('stage', folder.name)} ({folder})")
-    for column in ("shards", "samples", "seq_len", "tokens", "fill", "docs", "split", "truncated", "target"):
-        table.add_column(column, justify="right")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
     capacity = manifest["samples"] * manifest.get("seq_len", 0)
-    fill = f"{manifest['tokens'] / capacity:.2%}" if capacity else "-"
-    extra = [f"{packed[k]:,}" if k in packed else "-" for k in ("docs", "split_docs", "truncated_docs")]
     target = packed.get("budget", {}).get("target")
-    table.add_row(str(len(manifest["shards"])), f"{manifest['samples']:,}", f"{manifest.get('seq_len', 0):,}",
-                  f"{manifest['tokens']:,}", fill, *extra, f"{target:,}" if target is not None else "-")
+    rows = {"shards": f"{len(manifest['shards']):,}", "samples": f"{manifest['samples']:,}",
+            "seq_len": f"{manifest.get('seq_len', 0):,}", "tokens": f"{manifest['tokens']:,}",
+            "fill": f"{manifest['tokens'] / capacity:.2%}" if capacity else "-",
+            **{name: f"{packed[key]:,}" if key in packed else "-"
+               for name, key in (("docs", "docs"), ("docs split", "split_docs"), ("docs truncated", "truncated_docs"))},
+            "token target": f"{target:,}" if target is not None else "-"}
+    for name, value in rows.items():
+        table.add_row(name, value)
     return table
 
 
