@@ -138,11 +138,11 @@ def test_a_page_that_crashes_its_renderer_costs_one_reject(web):
 
 
 @pytest.mark.skipif(not memory_cgroups_work(), reason="needs root and a writable /sys/fs/cgroup (the memory cap "
-                    "is left out elsewhere); without the cap this page would take 5 GB")
+                    "is left out elsewhere); without the cap this page would take 2.5 GB")
 def test_memory_outside_the_v8_heap_is_capped_by_the_browser_cgroup(web):
     """Typed arrays live outside V8's heap, so --max-old-space-size does not stop them; the browser's
-    memory cgroup (memory_mb + BROWSER_BASE_MB = 1152 MB here) does, long before 5 GB."""
-    hog = ("<html><body><script>const keep = []; for (let i = 0; i < 160; i++) "
+    memory cgroup (memory_mb + BROWSER_BASE_MB = 1152 MB here) does, long before 2.5 GB."""
+    hog = ("<html><body><script>const keep = []; for (let i = 0; i < 80; i++) "
            "{ const a = new Uint8Array(32 << 20); a.fill(7); keep.push(a); }</script></body></html>")
     options = RenderOptions(viewports=[(320, 200)], timeout_s=60, memory_mb=128)
     assert reject_reason(web, hog, options=options) == "crashed"
