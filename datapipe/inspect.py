@@ -47,12 +47,12 @@ def stage_table(folder: Path, packed: dict) -> Table:
     table.add_column("value", justify="right")
     capacity = manifest["samples"] * manifest.get("seq_len", 0)
     target = packed.get("budget", {}).get("target")
+    figures = {"docs": "docs", "docs split": "split_docs", "docs truncated": "truncated_docs"}
     rows = {"shards": f"{len(manifest['shards']):,}", "samples": f"{manifest['samples']:,}",
             "seq_len": f"{manifest.get('seq_len', 0):,}", "tokens": f"{manifest['tokens']:,}",
-            "fill": f"{manifest['tokens'] / capacity:.2%}" if capacity else "-",
-            **{name: f"{packed[key]:,}" if key in packed else "-"
-               for name, key in (("docs", "docs"), ("docs split", "split_docs"), ("docs truncated", "truncated_docs"))},
-            "token target": f"{target:,}" if target is not None else "-"}
+            "fill": f"{manifest['tokens'] / capacity:.2%}" if capacity else "-"}
+    rows.update({name: f"{packed[key]:,}" if key in packed else "-" for name, key in figures.items()})
+    rows["token target"] = f"{target:,}" if target is not None else "-"
     for name, value in rows.items():
         table.add_row(name, value)
     return table

@@ -308,9 +308,9 @@ def read_or_empty(path: Path) -> str:
         return ""
 
 
-def join_memory_cgroup(name: str, limit_mb: int) -> bool:
+def join_memory_cgroup(name: str, limit_mb: int) -> None:
     """Make cgroup `name` capped at limit_mb (no swap where that can be set) and move this
-    process into it; its children are born inside. False, with a warning, where that fails."""
+    process into it; its children are born inside. Where that fails, a warning."""
     found = memory_cgroup_root()
     try:
         if found is None:
@@ -326,10 +326,8 @@ def join_memory_cgroup(name: str, limit_mb: int) -> bool:
                 except OSError:
                     pass
         (folder / "cgroup.procs").write_text(str(os.getpid()))
-        return True
     except OSError as err:
         log.warning("no memory cgroup for %s (%s): its memory is capped only by its own limits", name, err)
-        return False
 
 
 def memory_cgroups_work() -> bool:
@@ -352,7 +350,7 @@ def remove_memory_cgroups(name: str = "") -> None:
     found = memory_cgroup_root()
     if found is None:
         return
-    for folder in [found[0] / name] if name else found[0].glob("datapipe-*"):
+    for folder in [found[0] / name] if name else found[0].glob(cgroup_name("*")):
         for _ in range(50 if name else 1):  # processes killed a moment ago may still be leaving it
             try:
                 folder.rmdir()

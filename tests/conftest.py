@@ -1,11 +1,14 @@
 """Shared fixtures: one real local Ray for the whole suite, and a tiny tokenizer trained in-process."""
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 WORDS = ("packing shards tokens stream resume rank epoch recipe stage record reject source sample "
          "render image browser curriculum sequence document boundary manifest").split()
@@ -56,3 +59,8 @@ def tiny_recipe(tmp_path: Path, tokenizer: Path, sources: list[dict], **extra) -
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
+
+
+def rgb(png: bytes, mode: str = "RGB") -> np.ndarray:
+    """A PNG's pixels as an array (height, width, channels of `mode`)."""
+    return np.asarray(Image.open(io.BytesIO(png)).convert(mode))

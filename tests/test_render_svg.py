@@ -3,12 +3,12 @@ import base64
 import io
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
 from renderers.base import RenderError, RenderOptions
 from renderers.svg import SvgRenderer
+from tests.conftest import rgb
 
 SHARED_SVG = Path(__file__).resolve().parents[2] / "shared" / "data" / "svg"
 SVG = 'xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"'
@@ -20,10 +20,6 @@ def renderer():
     svg = SvgRenderer()
     yield svg
     svg.close()
-
-
-def rgb(png: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
 def reject_error(renderer, code: str, asset_dir=None, **options) -> RenderError:
@@ -53,8 +49,7 @@ def test_same_input_same_pixels(renderer):
 
 
 def test_transparent_background(renderer):
-    pixels = np.asarray(Image.open(io.BytesIO(
-        renderer.render(RED_SQUARE, None, RenderOptions(size=100, background="transparent")).images[0])).convert("RGBA"))
+    pixels = rgb(renderer.render(RED_SQUARE, None, RenderOptions(size=100, background="transparent")).images[0], "RGBA")
     assert pixels[25, 75, 3] == 0 and pixels[25, 25, 3] == 255
 
 

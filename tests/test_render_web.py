@@ -13,6 +13,7 @@ from PIL import Image
 from renderers.base import RenderError, RenderOptions
 from renderers.sandbox import cgroup_name, memory_cgroup_root, memory_cgroups_work, processes_of
 from renderers.web import WebRenderer
+from tests.conftest import rgb
 
 OPTIONS = RenderOptions(viewports=[(320, 200)], timeout_s=5)
 RED_BOX = '<html><body style="margin:0;background:#fff"><div style="width:100px;height:50px;background:#f00"></div></body></html>'
@@ -23,10 +24,6 @@ def web():
     renderer = WebRenderer()
     yield renderer
     renderer.close()
-
-
-def rgb(png: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
 def red_pixels(png: bytes) -> int:

@@ -84,14 +84,10 @@ def bounded_find(text: str, entry: str) -> bool:
     start = text.find(entry)
     while start != -1:
         end = start + len(entry)
-        if (start == 0 or not is_word_char(text[start - 1])) and (end == len(text) or not is_word_char(text[end])):
+        if (start == 0 or not WORD.match(text, start - 1)) and (end == len(text) or not WORD.match(text, end)):
             return True
         start = text.find(entry, start + 1)
     return False
-
-
-def is_word_char(char: str) -> bool:
-    return char.isalnum() or char == "_"
 
 
 @lru_cache(maxsize=64)

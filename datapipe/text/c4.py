@@ -77,7 +77,7 @@ def check_c4(text: str, cfg: C4, language: str | None = None) -> tuple[str, str]
         kept.append(line)
     if sentences < cfg.min_num_sentences:
         return "too_few_sentences", text
-    cleaned = "\n".join(kept).strip()
+    cleaned = "\n".join(kept).strip() if cfg.rewrite_text or cfg.bad_words else text
     if cfg.bad_words and has_bad_words(cleaned, cfg, language):
         return "bad_words", text
     return "", cleaned if cfg.rewrite_text else text
