@@ -64,10 +64,10 @@ class ShardWriter:
         if self.tar is None:
             self.open_shard()
         self.index["keys"].append(sample["key"])
-        self.add(sample["key"], "tokens.npy", npy_bytes(sample["tokens"]))
-        self.add(sample["key"], "doc_lens.npy", npy_bytes(sample["doc_lens"]))
+        self.add_array(sample["key"], "tokens.npy", sample["tokens"])
+        self.add_array(sample["key"], "doc_lens.npy", sample["doc_lens"])
         if "loss_mask" in sample:
-            self.add(sample["key"], "loss_mask.npy", npy_bytes(sample["loss_mask"]))
+            self.add_array(sample["key"], "loss_mask.npy", sample["loss_mask"])
         fields = {"doc_ids": sample["doc_ids"], "seq_len": sample["seq_len"], "num_pad": sample["num_pad"],
                   "doc_offsets": sample.get("doc_offsets", [0] * len(sample["doc_ids"])),
                   "media_spans": sample.get("media_spans", [])}
@@ -87,10 +87,20 @@ class ShardWriter:
         offsets.append(self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE)
         sizes.append(len(data))
 
+    def add_array(self, key: str, suffix: str, array: np.ndarray) -> None:
+        """An .npy member; the index keeps its column's layout (dtype, header bytes) while every
+        member of the shard has the same one and is 1-D, so the loader needs no header of it."""
+        array = np.ascontiguousarray(array)
+        data = npy_bytes(array)
+        self.add(key, suffix, data)
+        layout = {"dtype": array.dtype.str, "header": len(data) - array.nbytes}
+        if self.index["arrays"].setdefault(suffix, layout) != layout or array.ndim != 1:
+            self.index["arrays"][suffix] = None
+
     def open_shard(self) -> None:
         name = f"shard-{len(self.shards):06d}.tar"
         self.current = {"name": name, "samples": 0, "tokens": 0}
-        self.index = {"keys": [], "members": {}}
+        self.index = {"keys": [], "members": {}, "arrays": {}}
         self.tar = tarfile.open(self.folder / f".{name}.tmp", "w", format=tarfile.USTAR_FORMAT)
 
     def close_shard(self) -> None:
@@ -126,12 +136,14 @@ class ShardWriter:
 
 def write_index(folder: Path, shard: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     """`shard-N.index.json` beside the shard: its samples' keys and, per member suffix, the sample
-    numbers, data offsets and sizes, so the loader never walks tar headers (datapipe.tarsamples).
+    numbers, data offsets and sizes, so the loader never walks tar headers (datapipe.tarsamples),
+    and the layout of each .npy column whose members share one, so it reads none of their headers.
     It names the shard's size and sha256, so it never passes for another shard's; returns its
     manifest entry."""
     name = shard["name"].removesuffix(".tar") + INDEX_SUFFIX
+    arrays = {suffix: layout for suffix, layout in index["arrays"].items() if layout is not None}
     data = json.dumps({"format": INDEX_FORMAT, "shard": shard["name"], "bytes": shard["bytes"],
-                       "sha256": shard["sha256"], **index}, separators=(",", ":")).encode()
+                       "sha256": shard["sha256"], **index, "arrays": arrays}, separators=(",", ":")).encode()
     write_atomic(folder / name, data)
     return {"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 

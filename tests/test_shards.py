@@ -66,6 +66,41 @@ def test_index_locates_every_member_as_tarfile_does(tmp_path):
         assert listed == sorted(members) and len(index["keys"]) == shard["samples"]
 
 
+def test_index_gives_each_array_columns_layout_as_np_save_wrote_it(tmp_path):
+    import io
+    import json
+    import tarfile
+
+    write_run(tmp_path / "main")
+    shard = read_manifest(tmp_path / "main")["shards"][0]
+    index = json.loads((tmp_path / "main" / shard["index"]["name"]).read_text())
+    assert sorted(index["arrays"]) == ["doc_lens.npy", "loss_mask.npy", "tokens.npy"]
+    with tarfile.open(tmp_path / "main" / shard["name"]) as tar:
+        for member in tar.getmembers():
+            suffix = member.name.partition(".")[2]
+            if suffix in index["arrays"]:
+                stream_ = io.BytesIO(tar.extractfile(member).read())
+                assert np.lib.format.read_magic(stream_) == (1, 0)
+                dtype = np.lib.format.read_array_header_1_0(stream_)[2]
+                assert index["arrays"][suffix] == {"dtype": dtype.str, "header": stream_.tell()}
+
+
+def test_a_column_of_mixed_dtypes_has_no_layout_and_still_reads(tmp_path):
+    import json
+
+    samples = write_run(tmp_path / "src", per_shard=100)
+    samples[1]["tokens"] = samples[1]["tokens"].astype(np.uint16)
+    with ShardWriter(tmp_path / "main", 100, {"stage": "main", "seq_len": 128}) as writer:
+        for sample in samples:
+            writer.write(sample)
+    shard = read_manifest(tmp_path / "main")["shards"][0]
+    index = json.loads((tmp_path / "main" / shard["index"]["name"]).read_text())
+    assert "tokens.npy" not in index["arrays"] and "doc_lens.npy" in index["arrays"]
+    back = list(stream(tmp_path / "main"))
+    assert back[1]["tokens"].dtype == np.uint16 and back[0]["tokens"].dtype == np.uint32
+    assert all(np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(samples, back))
+
+
 def test_plain_webdataset_reads_our_shards(tmp_path):
     import webdataset as wds
 

@@ -1,6 +1,7 @@
 """The streaming loader: equal rank splits, seeded shuffle, exact resume, curriculum, HTTP, bad shards."""
 import contextlib
 import functools
+import hashlib
 import http.server
 import json
 import random
@@ -262,6 +263,21 @@ def test_index_and_header_walk_give_the_same_samples(stage, tmp_path):
             assert np.array_equal(value, b[name]) if isinstance(value, np.ndarray) else value == b[name]
 
 
+def test_an_index_without_array_layouts_still_reads(stage_copy, caplog):
+    """Indexes written before `arrays` was added: the loader reads the .npy headers instead."""
+    manifest = read_manifest(stage_copy)
+    for shard in manifest["shards"]:
+        path = stage_copy / shard["index"]["name"]
+        index = json.loads(path.read_text())
+        assert index.pop("arrays")
+        path.write_bytes(json.dumps(index).encode())
+        shard["index"].update(bytes=path.stat().st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+    (stage_copy / "manifest.json").write_text(json.dumps(manifest))
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy, verify=True)), list(read_shards(stage_copy)))
+    assert not caplog.text  # no index was refused: none of the shards was walked
+
+
 def test_an_index_that_does_not_match_its_shard_is_not_used(stage_copy, caplog):
     first, second = (stage_copy / f"shard-00000{i}.index.json" for i in (1, 2))
     first.write_bytes(second.read_bytes())  # another shard's index
@@ -278,13 +294,19 @@ def test_an_index_that_does_not_match_its_shard_is_not_used(stage_copy, caplog):
     assert "shard-000001.tar: its index does not match it" in caplog.text
 
 
+def edit_last_offset(path, suffix, new_offset):
+    """Replace the last data offset of a column in an index file by one of the same width: the file keeps its size."""
+    text, index = path.read_text(), json.loads(path.read_text())
+    offset = str(index["members"][suffix][1][-1])
+    replacement = new_offset(offset)
+    assert len(replacement) == len(offset) and f",{offset}]" in text
+    path.write_text(text.replace(f",{offset}]", f",{replacement}]"))
+
+
 def test_a_tampered_index_is_caught_by_verify_or_its_bounds(stage_copy, caplog):
     path = stage_copy / "shard-000003.index.json"
-    text, index = path.read_text(), json.loads(path.read_text())
-    offset = index["members"]["tokens.npy"][1][-1]
-    nines = int("9" * len(str(offset)))
-    assert nines > read_manifest(stage_copy)["shards"][3]["bytes"]
-    path.write_text(text.replace(f",{offset}]", f",{nines}]"))  # outside the shard, and the file keeps its size
+    edit_last_offset(path, "tokens.npy", lambda offset: "9" * len(offset))  # outside the shard
+    assert int(json.loads(path.read_text())["members"]["tokens.npy"][1][-1]) > read_manifest(stage_copy)["shards"][3]["bytes"]
     reference = list(read_shards(stage_copy))
     with caplog.at_level("WARNING"):
         assert_same_samples(list(stream(stage_copy, verify=True)), reference)
@@ -292,7 +314,15 @@ def test_a_tampered_index_is_caught_by_verify_or_its_bounds(stage_copy, caplog):
     caplog.clear()
     with caplog.at_level("WARNING"):
         assert_same_samples(list(stream(stage_copy)), reference)
-    assert "shard-000003.tar: its index points outside the shard" in caplog.text
+    assert "shard-000003.tar: its index does not match it (it points outside the shard" in caplog.text
+
+
+def test_an_index_offset_off_the_tar_blocks_is_not_used(stage_copy, caplog):
+    path = stage_copy / "shard-000003.index.json"
+    edit_last_offset(path, "json", lambda offset: offset[:-1] + str((int(offset[-1]) + 1) % 10))  # moved < 512 bytes
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy)), list(read_shards(stage_copy)))
+    assert "shard-000003.tar: its index does not match it (it points outside the shard" in caplog.text
 
 
 def test_a_member_that_does_not_decode_fails_only_its_sample(stage_copy):
