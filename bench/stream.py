@@ -13,8 +13,10 @@ and `streaming.StreamingDataset`. Every loader hands out token arrays already in
 the consumer gathers them into batches of 8 and reads one token of each. "ours" decodes
 the same members the peers do (position_ids=False); "ours_positions" also derives
 position_ids, the loader's default; "ours_walk" reads the same stage as shards of another
-writer would come (no index files: it walks the tar headers). tokens/s counts every
-position (seq_len per sample). Then resume: a fresh shuffled loader restores a state at a
+writer would come (no index files: it walks the tar headers). "raw_cold" and "ours_cold"
+read the same files from disk: the page cache is dropped for them (posix_fadvise
+DONTNEED) before each run, as a trainer whose data outgrows its memory reads them.
+tokens/s counts every position (seq_len per sample). Then resume: a fresh shuffled loader restores a state at a
 random position and yields its next sample.
 Medians over the rounds; the machine is shared, so compare the ratios.
 """
@@ -120,6 +122,25 @@ def consume(samples, key: str, seq_len: int) -> int:
     return count
 
 
+def drop_from_page_cache(paths: list[str]) -> None:
+    """The next read of these files comes from disk (a no-op on a file system in memory, such as tmpfs)."""
+    for path in paths:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)  # the kernel drops clean pages only
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(descriptor)
+
+
+def cold(run, paths: list[str]):
+    """`run` timed after the files it reads are dropped from the page cache."""
+    def timed() -> float:
+        drop_from_page_cache(paths)
+        return run()
+    return timed
+
+
 def time_raw(paths: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
@@ -167,8 +188,12 @@ def main() -> None:
 
     import webdataset as wds
 
+    stage_files = [*paths, *indexes, str(stage / "manifest.json")]
     loaders = {
         "raw": lambda: time_raw(paths + indexes),
+        "raw_cold": cold(lambda: time_raw(paths + indexes), stage_files),
+        "ours_cold": cold(lambda: time_loader(lambda: stream(stage, position_ids=False), "tokens", seq_len, n),
+                          stage_files),
         "ours": lambda: time_loader(lambda: stream(stage, position_ids=False), "tokens", seq_len, n),
         "ours_positions": lambda: time_loader(lambda: stream(stage), "tokens", seq_len, n),
         "ours_shuffled": lambda: time_loader(lambda: stream(stage, shuffle=True, seed=0, position_ids=False),
@@ -196,7 +221,8 @@ def main() -> None:
           f"x_vs_streaming={rates['ours'] / rates['streaming']:.2f} frac_of_raw={rates['ours'] / rates['raw']:.2f} "
           f"shuffled_frac_of_raw={rates['ours_shuffled'] / rates['raw']:.2f} "
           f"positions_frac_of_raw={rates['ours_positions'] / rates['raw']:.2f} "
-          f"walk_frac_of_raw={rates['ours_walk'] / rates['raw']:.2f} resume_s={resume:.3f} "
+          f"walk_frac_of_raw={rates['ours_walk'] / rates['raw']:.2f} "
+          f"cold_frac_of_raw={rates['ours_cold'] / rates['raw_cold']:.2f} resume_s={resume:.3f} "
           f"seq_len={seq_len} samples={n}")
 
 

@@ -208,6 +208,8 @@ class Stream:
         shard = stage.shards[span.shard]
         cache = Path(self.options.cache_dir) if self.options.cache_dir else None
         location = fetch.join(stage.location, shard["name"])
+        if "index" in shard and not buffers.warm:  # shards come from disk: have the index read meanwhile
+            fetch.will_need(fetch.join(stage.location, shard["index"]["name"]))
         buffer = fetch.load_shard(location, shard, cache, self.options.verify, buffers)
         index = self.load_index(stage, shard, location, cache) or walk_index(buffer, location, span.stop)
         plan = plan_span(buffer, index, span.start, span.stop)

@@ -4,6 +4,7 @@ import functools
 import hashlib
 import http.server
 import json
+import os
 import random
 import shutil
 import threading
@@ -394,6 +395,38 @@ def test_buffer_pool_reuses_a_buffer_only_when_no_sample_views_it():
     assert not np.shares_memory(tokens, second)  # still viewed: not handed out again
     del tokens
     assert np.shares_memory(pool.take(800), pool.buffers[0])  # free again: reused
+
+
+@pytest.mark.parametrize("cached", ["all", "none", "start"])
+def test_a_shard_reads_whole_whatever_the_page_cache_holds(tmp_path, cached):
+    from datapipe import fetch
+
+    data = np.random.default_rng(0).integers(0, 256, 5 * fetch.READ_CHUNK + 123, dtype=np.uint8).tobytes()
+    path = tmp_path / "shard.tar"
+    path.write_bytes(data)
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())  # the kernel drops clean pages only
+        if cached != "all":  # "start": the first two chunks stay in the page cache, the rest is read from disk
+            os.posix_fadvise(file.fileno(), 2 * fetch.READ_CHUNK if cached == "start" else 0, 0,
+                             os.POSIX_FADV_DONTNEED)
+    assert fetch.read_local(path, fetch.BufferPool(keep=1)).tobytes() == data
+
+
+def test_a_warm_shard_comes_from_the_page_cache_in_one_go(tmp_path):
+    from datapipe import fetch
+
+    if not fetch.NOWAIT:
+        pytest.skip("this system has no RWF_NOWAIT: every shard is read in chunks")
+    path = tmp_path / "shard.tar"
+    path.write_bytes(bytes(range(256)) * (3 * fetch.READ_CHUNK // 256 + 7))
+    view = memoryview(bytearray(path.stat().st_size))
+    with open(path, "rb") as file:
+        try:
+            os.preadv(file.fileno(), [view[:1]], 0, os.RWF_NOWAIT)
+        except OSError as err:
+            pytest.skip(f"this file system refuses RWF_NOWAIT reads ({err}): shards are read in chunks")
+        assert fetch.cached_part(file.fileno(), view, fetch.READ_CHUNK) == len(view)
+    assert view.tobytes() == path.read_bytes()
 
 
 def test_samples_kept_across_epochs_stay_intact(stage):
