@@ -295,6 +295,13 @@ def test_an_index_that_does_not_match_its_shard_is_not_used(stage_copy, caplog):
     assert "shard-000001.tar: its index does not match it" in caplog.text
 
 
+def test_a_missing_index_file_is_walked_around(stage_copy, caplog):
+    (stage_copy / "shard-000000.index.json").unlink()  # still listed in the manifest
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy)), list(read_shards(stage_copy)))
+    assert "reading a shard by its tar headers" in caplog.text and "shard-000000.index.json" in caplog.text
+
+
 def edit_last_offset(path, suffix, new_offset):
     """Replace the last data offset of a column in an index file by one of the same width: the file keeps its size."""
     text, index = path.read_text(), json.loads(path.read_text())
