@@ -116,7 +116,7 @@ def load_shard(location: str, shard: dict[str, Any], cache_dir: Path | None, ver
 def will_need(location: str) -> None:
     """Ask the kernel to start reading a local file into the page cache now, without waiting for
     it (a small index file read after its shard cost 2-3 ms of disk latency on the reading thread)."""
-    if is_url(location):
+    if is_url(location) or not hasattr(os, "posix_fadvise"):  # macOS has no posix_fadvise
         return
     try:
         descriptor = os.open(local_path(location), os.O_RDONLY)
