@@ -404,10 +404,13 @@ def test_buffer_pool_reuses_a_buffer_only_when_no_sample_views_it():
     assert np.shares_memory(pool.take(800), pool.buffers[0])  # free again: reused
 
 
+@pytest.mark.parametrize("last_warm", [False, True])  # the previous shard came from the page cache, or not
+@pytest.mark.parametrize("nowait", [True, False])  # False: a system or file system without RWF_NOWAIT
 @pytest.mark.parametrize("cached", ["all", "none", "start"])
-def test_a_shard_reads_whole_whatever_the_page_cache_holds(tmp_path, cached):
+def test_a_shard_reads_whole_whatever_the_page_cache_holds(tmp_path, monkeypatch, cached, nowait, last_warm):
     from datapipe import fetch
 
+    monkeypatch.setattr(fetch, "NOWAIT", fetch.NOWAIT and nowait)
     data = np.random.default_rng(0).integers(0, 256, 5 * fetch.READ_CHUNK + 123, dtype=np.uint8).tobytes()
     path = tmp_path / "shard.tar"
     path.write_bytes(data)
@@ -416,7 +419,9 @@ def test_a_shard_reads_whole_whatever_the_page_cache_holds(tmp_path, cached):
         if cached != "all":  # "start": the first two chunks stay in the page cache, the rest is read from disk
             os.posix_fadvise(file.fileno(), 2 * fetch.READ_CHUNK if cached == "start" else 0, 0,
                              os.POSIX_FADV_DONTNEED)
-    assert fetch.read_local(path, fetch.BufferPool(keep=1)).tobytes() == data
+    pool = fetch.BufferPool(keep=1)
+    pool.warm = last_warm
+    assert fetch.read_local(path, pool).tobytes() == data
 
 
 def test_a_warm_shard_comes_from_the_page_cache_in_one_go(tmp_path):
