@@ -156,14 +156,6 @@ def plan_packing(pieces: Pieces, seq_len: int, window: int | None = None) -> Pac
     return PackPlan(pieces, order, offsets)
 
 
-def position_ids(doc_lens: np.ndarray, seq_len: int) -> np.ndarray:
-    """int32 positions restarting at 0 for each document piece; padding counts as one more piece."""
-    lens = np.asarray(doc_lens, dtype=np.int64)
-    lens = np.append(lens, seq_len - lens.sum()) if lens.sum() < seq_len else lens
-    starts = np.repeat(np.cumsum(lens) - lens, lens)
-    return (np.arange(seq_len) - starts).astype(np.int32)
-
-
 def make_sample(key: str, corpus: Corpus, plan: PackPlan, b: int, seq_len: int, ids: SpecialIds) -> PackedSample:
     """Sequence b of the plan as a PackedSample, with its images and loss mask."""
     from tokenizer.media import loss_mask
@@ -188,7 +180,6 @@ def make_sample(key: str, corpus: Corpus, plan: PackPlan, b: int, seq_len: int, 
         "doc_lens": np.array(doc_lens, dtype=np.int32),
         "doc_ids": doc_ids,
         "doc_offsets": doc_offsets,
-        "position_ids": position_ids(doc_lens, seq_len),
         "loss_mask": loss_mask(tokens, ids.media_begin, ids.media_end, num_pad),
         "media_spans": spans,
         "images": images,

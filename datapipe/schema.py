@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 KINDS = ("text", "code", "svg", "html", "mesh", "cad", "scene", "image")
 
@@ -46,7 +46,8 @@ class PackedSample(TypedDict):
     doc_lens: Any  # int32 array: lengths of the document pieces in order; they sum to seq_len - num_pad
     doc_ids: list[str]  # the Document.id of each piece (pieces of one split doc repeat the id)
     doc_offsets: list[int]  # where each piece starts in its document: 0 unless the document was split
-    position_ids: Any  # int32 [seq_len]: 0, 1, ... restarting at each piece (padding is one more); derived on read
+    position_ids: NotRequired[Any]  # int32 [seq_len]: 0, 1, ... restarting at each piece (padding is one more);
+    # not packed nor stored: read_shard and datapipe.stream derive it from doc_lens
     loss_mask: Any  # uint8 [seq_len]: 1 where the next-token loss applies; 0 on padding and inside media spans
     media_spans: list[list[int]]  # [start, stop) of each media span in tokens, in order; a span is never split
     images: list[bytes]  # the encoded image (PNG) of each media span, same order; shards store them as <key>.<i>.png

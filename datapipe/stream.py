@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 from datapipe import fetch
 from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, window_order, windows
 from datapipe.schema import PackedSample
-from datapipe.shards import finish_samples, span_positions
+from datapipe.shards import MANIFEST, RUN_MANIFEST, finish_samples, span_positions
 from datapipe.tarsamples import (
     BadSample,
     ShardError,
@@ -83,6 +83,7 @@ class Stream:
         self.place = Placement(rank, world_size, worker, num_workers)
         self.stages = load_stages(source)
         self.options = resolve_buffer(StreamOptions(**options), self.stages)
+        self.fingerprint = data_fingerprint(self.stages)  # in every state_dict (torchdata takes one a batch)
         check_options(self.options, self.place)
         self.epoch, self.position = 0, 0
         self.skipped: list[str] = []  # shards left out under on_error="skip", in the order met
@@ -129,7 +130,7 @@ class Stream:
         """What must not change across a resume for the order to be the same."""
         options = self.options
         return {**asdict(self.place), "seed": options.seed, "shuffle": options.shuffle, "buffer": options.buffer,
-                "data": data_fingerprint(self.stages)}
+                "data": self.fingerprint}
 
     def iterate_epoch(self) -> Iterator[PackedSample]:
         options = self.options
@@ -185,7 +186,7 @@ class Stream:
         sample goes out, and the next one's shards are read while this one is handed out."""
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.prefetch), thread_name_prefix="datapipe-fetch")
         submit = pool.submit if self.options.prefetch else run_now
-        window = shards_per_window(self.stages, self.options) if self.options.shuffle else 0
+        window = shards_per_window(self.stages, self.options)
         ahead = self.options.prefetch + window if self.options.prefetch else 0
         if self.buffers is None:  # kept for the next epochs: fresh memory costs the kernel a zero-fill
             self.buffers = fetch.BufferPool(keep=ahead + 2 + window)
@@ -235,7 +236,7 @@ class Stream:
         produced = 0
         try:
             loaded = future.result()
-            samples = decode_samples(loaded.buffer, loaded.index, location, plan=loaded.plan)
+            samples = decode_samples(loaded.buffer, loaded.plan, location)
             finish_samples(samples, self.options.position_ids, self.position_buffers, loaded.positions)
             produced = len(samples)
             yield samples
@@ -261,9 +262,9 @@ def resolve_buffer(options: StreamOptions, stages: list[Stage]) -> StreamOptions
 
 
 def shards_per_window(stages: list[Stage], options: StreamOptions) -> int:
-    """How many shards one shuffle window spans at most: their buffers stay alive together."""
+    """How many shards one shuffle window spans at most: their buffers stay alive together (0 unshuffled)."""
     if not options.shuffle:
-        return 1
+        return 0
     smallest = min(shard["samples"] for stage in stages for shard in stage.shards)
     return min(64, -(-options.buffer // max(1, smallest)) + 1)
 
@@ -299,7 +300,7 @@ def load_stages(source: str | Path | list[str | Path]) -> list[Stage]:
     if isinstance(source, (list, tuple)):
         return [stage for location in source for stage in load_stages(location)]
     location = str(source)
-    run = fetch.read_text(fetch.join(location, "run.json"))
+    run = fetch.read_text(fetch.join(location, RUN_MANIFEST))
     if run is not None:
         return [load_stage(fetch.join(location, entry["name"]), entry.get("token_budget"))
                 for entry in json.loads(run)["stages"]]
@@ -307,7 +308,7 @@ def load_stages(source: str | Path | list[str | Path]) -> list[Stage]:
 
 
 def load_stage(location: str, token_budget: int | None) -> Stage:
-    text = fetch.read_text(fetch.join(location, "manifest.json"))
+    text = fetch.read_text(fetch.join(location, MANIFEST))
     if text is None:
         raise FileNotFoundError(f"{location}: neither run.json (a run folder) nor manifest.json (a stage folder); "
                                 "a run that did not finish has neither: run it again with `datapipe run`")

@@ -206,12 +206,12 @@ def extended_name(data: bytes, kind: int) -> str | None:
     return None
 
 
-def iter_samples(buffer, shard: str, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
-    """Samples number start..stop-1 of a shard, located by a header walk; a member that does not
-    decode, or damage in the tar, raises ShardError."""
+def iter_samples(buffer, shard: str) -> Iterator[dict[str, Any]]:
+    """The samples of a shard, located by a header walk; a member that does not decode, or damage
+    in the tar, raises ShardError."""
     array = as_array(buffer)
-    index = walk_index(array, shard, stop)
-    for sample in decode_samples(array, index, shard, start, stop):
+    index = walk_index(array, shard)
+    for sample in decode_samples(array, plan_span(array, index), shard):
         if isinstance(sample, BadSample):
             raise sample.error
         yield sample
@@ -336,12 +336,9 @@ def npy_headers(array: np.ndarray, offsets: np.ndarray) -> list[bytes] | None:
     return headers.view(f"S{width}").ravel().tolist()
 
 
-def decode_samples(buffer, index: ShardIndex, shard: str, start: int = 0, stop: int | None = None,
-                   plan: SpanPlan | None = None) -> list[dict[str, Any] | BadSample]:
-    """Samples start..stop-1 of the index (fewer if it has fewer), built column by column from
-    `plan` (plan_span's, made here when not given). A sample with a member that does not decode
-    is a BadSample."""
-    plan = plan or plan_span(buffer, index, start, stop)
+def decode_samples(buffer, plan: SpanPlan, shard: str) -> list[dict[str, Any] | BadSample]:
+    """The samples of a span, built column by column from its plan (plan_span's). A sample with a
+    member that does not decode is a BadSample."""
     columns, count = plan.columns, len(plan.keys)
     arrays = [c for c in columns.values() if c.__class__ is ArrayColumn and len(c.numbers) == count]
     json = columns.get("json")

@@ -14,7 +14,6 @@ from datapipe.packing import (
     media_safe_cuts,
     media_safe_prefix,
     plan_packing,
-    position_ids,
     split_pieces,
 )
 from datapipe.schema import new_document
@@ -87,8 +86,7 @@ def test_every_sample_is_seq_len_with_consistent_fields():
         assert (sample["tokens"][used:] == IDS.pad).all()
         assert len(sample["doc_ids"]) == len(sample["doc_lens"]) == len(sample["doc_offsets"])
         assert sample["loss_mask"].dtype == np.uint8 and not sample["loss_mask"][used:].any()
-        assert sample["position_ids"].shape == (SEQ_LEN,)
-        assert (sample["position_ids"][np.cumsum(sample["doc_lens"])[:-1]] == 0).all()
+        assert "position_ids" not in sample  # derived on read (datapipe.shards), not packed
 
 
 def test_non_pad_tokens_out_equal_tokens_in():
@@ -232,11 +230,6 @@ def test_a_long_document_is_cut_before_a_span_that_crosses_seq_len():
     assert holder["images"] == [png(3)] and len(holder["media_spans"]) == 1
 
 
-def test_position_ids_restart_per_piece_and_padding():
-    assert position_ids(np.array([3, 2]), 8).tolist() == [0, 1, 2, 0, 1, 0, 1, 2]
-    assert position_ids(np.array([4]), 4).tolist() == [0, 1, 2, 3]
-
-
 def test_spilled_corpus_packs_like_the_in_memory_one_and_round_trips_through_shards(tmp_path):
     docs = make_docs(8, 300, media_every=4)
     spill = SpillWriter(tmp_path / "spill", IDS, ["web"])
@@ -253,8 +246,10 @@ def test_spilled_corpus_packs_like_the_in_memory_one_and_round_trips_through_sha
     back = list(read_shards(tmp_path / "main"))
     assert len(back) == len(samples) and sum(len(s["images"]) for s in back) > 0
     for a, b in zip(samples, back):
-        for field in ("tokens", "doc_lens", "loss_mask", "position_ids"):
+        for field in ("tokens", "doc_lens", "loss_mask"):
             assert np.array_equal(a[field], b[field]) and a[field].dtype == b[field].dtype, field
+        pieces = [*a["doc_lens"].tolist(), a["num_pad"]]  # positions restart at each piece and at the padding
+        assert np.array_equal(b["position_ids"], np.concatenate([np.arange(n) for n in pieces]))
         for field in ("doc_ids", "doc_offsets", "media_spans", "images", "num_pad", "seq_len"):
             assert a[field] == b[field], field
 

@@ -203,13 +203,15 @@ def test_position_ids_of_a_batch_equal_one_at_a_time():
             assert sample["position_ids"].dtype == np.int32 and np.array_equal(sample["position_ids"], expected)
 
 
-def test_derived_position_ids_equal_the_packers():
-    from datapipe.packing import position_ids
+def test_position_ids_restart_per_piece_and_padding():
     from datapipe.shards import derive_position_ids
 
+    assert derive_position_ids(np.array([3, 2]), 8).tolist() == [0, 1, 2, 0, 1, 0, 1, 2]
+    assert derive_position_ids(np.array([4]), 4).tolist() == [0, 1, 2, 3]
     rng = np.random.default_rng(0)
     for _ in range(200):
         lens = rng.integers(1, 900, size=int(rng.integers(1, 20))).astype(np.int32)
-        seq_len = int(lens.sum() + rng.integers(0, 50))
-        derived = derive_position_ids(lens, seq_len)
-        assert derived.dtype == np.int32 and np.array_equal(derived, position_ids(lens, seq_len))
+        pad = int(rng.integers(0, 50))
+        derived = derive_position_ids(lens, int(lens.sum()) + pad)
+        expected = [i for n in [*lens.tolist(), pad] for i in range(n)]  # plain Python: one run per piece
+        assert derived.dtype == np.int32 and derived.tolist() == expected
