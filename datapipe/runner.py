@@ -17,6 +17,7 @@ import shutil
 import socket
 import time
 from functools import lru_cache, partial
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -102,11 +103,12 @@ def write_stage(stage: CurriculumStage, corpus: Corpus, recipe: Recipe, out: Pat
 
 def reject_unused(corpus: Corpus, usage: Usage, stats: RunStats, rejects) -> None:
     """Documents that no stage packed (over budget, too long, outside every mixture) become rejects."""
-    for row, reason in usage.unused():
-        record = corpus.describe(row)
-        stats.reject_late(record["source"], reason, int(corpus.lengths[row]))
-        rejects.write(json.dumps({**record, "reject": reason, "meta": {"num_tokens": int(corpus.lengths[row])}},
-                                 ensure_ascii=False) + "\n")
+    unused = usage.unused()
+    while chunk := list(islice(unused, 10_000)):  # described a chunk at a time: memory stays flat
+        for (row, reason), record in zip(chunk, corpus.describe([row for row, _ in chunk])):
+            stats.reject_late(record["source"], reason, int(corpus.lengths[row]))
+            rejects.write(json.dumps({**record, "reject": reason, "meta": {"num_tokens": int(corpus.lengths[row])}},
+                                     ensure_ascii=False) + "\n")
     stats.stage_passed["pack"] = int((usage.uses > 0).sum())
 
 

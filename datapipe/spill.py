@@ -51,10 +51,12 @@ class Corpus:
     def total_tokens(self) -> int:
         return int(self.lengths.sum())
 
-    def describe(self, row: int) -> dict[str, Any]:
-        """The fields of a reject line for a document that no curriculum stage used."""
-        fields = self.index.slice(row, 1).select(["id", "source", "source_id", "kind", "text_head"]).to_pylist()[0]
-        fields["text"] = fields.pop("text_head")
+    def describe(self, rows: list[int]) -> list[dict[str, Any]]:
+        """The fields of a reject line for each of these documents (ones no curriculum stage used):
+        one take for all of them, 3 us a row, where a slice per row cost 33."""
+        fields = self.index.select(["id", "source", "source_id", "kind", "text_head"]).take(rows).to_pylist()
+        for record in fields:
+            record["text"] = record.pop("text_head")
         return fields
 
 
