@@ -110,12 +110,10 @@ def media_safe_cuts(length: int, seq_len: int, spans: np.ndarray) -> np.ndarray:
     """Piece starts for one document: every seq_len tokens, moved back to a span's start if inside it."""
     cuts, pos = [0], 0
     while length - pos > seq_len:
-        cut = pos + seq_len
-        inside = (spans[:, 0] < cut) & (cut < spans[:, 1])
-        if inside.any():
-            cut = int(spans[inside, 0][0])
+        cut = cut_outside_spans(pos + seq_len, spans)
         if cut <= pos:
-            raise ValueError(f"a media span of {int(np.ptp(spans[inside][0]))} tokens does not fit in {seq_len}")
+            width = int(np.ptp(spans[spans[:, 0] == cut][0]))
+            raise ValueError(f"a media span of {width} tokens does not fit in {seq_len}")
         cuts.append(cut)
         pos = cut
     return np.array(cuts, dtype=np.int64)
@@ -123,13 +121,15 @@ def media_safe_cuts(length: int, seq_len: int, spans: np.ndarray) -> np.ndarray:
 
 def media_safe_prefix(length: int, seq_len: int, spans: np.ndarray | None) -> int:
     """How many tokens `truncate` keeps: seq_len, or less so as not to end inside a media span."""
-    if length <= seq_len:
-        return length
-    if spans is not None and len(spans):
-        inside = (spans[:, 0] < seq_len) & (seq_len < spans[:, 1])
-        if inside.any():
-            return int(spans[inside, 0][0])
-    return seq_len
+    return length if length <= seq_len else cut_outside_spans(seq_len, spans)
+
+
+def cut_outside_spans(cut: int, spans: np.ndarray | None) -> int:
+    """`cut`, or the start of the media span it falls inside (a span is never split)."""
+    if spans is None or not len(spans):
+        return cut
+    inside = (spans[:, 0] < cut) & (cut < spans[:, 1])
+    return int(spans[inside, 0][0]) if inside.any() else cut
 
 
 def plan_packing(pieces: Pieces, seq_len: int, window: int | None = None) -> PackPlan:
