@@ -22,7 +22,7 @@ import gzip
 import re
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ LZ4_MAGIC = b"\x04\x22\x4d\x18"
 # A line that starts a record: a WARC version line, or an ARC v1 header "URL IP DATE TYPE LENGTH"
 # (URLs may hold spaces, so the four last fields are the anchor).
 RECORD_START = re.compile(rb"(?:^|\n)(WARC/\d|filedesc://|[a-z][a-z0-9+.-]*:[^\n]*? \S+ \d{12,18} \S+ -?\d+\r?\n)")
+LEADING_SPACE = re.compile(rb"[\r\n\x00 \t]*")  # between records; matched in place, not copied
 HTML_TYPES = ("text/html", "application/xhtml+xml", "application/xml", "text/xml")
 DOCUMENT_TYPES = {"response", "resource", "conversion", "arc"}
 
@@ -50,7 +51,6 @@ class Record:
     position: int  # record index within the file
     error: str = ""  # "" for a good record, else the reject reason
     detail: str = ""  # what went wrong, for the rejects file
-    arc_fields: list[str] = field(default_factory=list)
 
 
 def read_warc(cfg: Any, path: str) -> Iterator[Document]:
@@ -164,8 +164,7 @@ class RecordParser:
 
     def drain(self, final: bool) -> Iterator[Record]:
         while True:
-            skip = len(self.buffer) - len(self.buffer.lstrip(b"\r\n\x00 \t"))
-            del self.buffer[:skip]
+            del self.buffer[: LEADING_SPACE.match(self.buffer).end()]
             if not self.buffer:
                 return
             record = self.next_record(final)
@@ -213,7 +212,7 @@ class RecordParser:
         self.position += 1
         kind = "arcinfo" if fields[0].startswith("filedesc://") else "arc"
         headers = {"warc-target-uri": fields[0], "warc-date": fields[2], "content-type": fields[3]}
-        return Record(kind, headers, block, self.position - 1, arc_fields=fields)
+        return Record(kind, headers, block, self.position - 1)
 
     def junk(self, final: bool) -> Record | None:
         """Bytes that start no record: one reject for the whole run of them."""

@@ -8,7 +8,8 @@ import numpy as np
 import yaml
 
 from datapipe import cli
-from datapipe.schema import new_document
+from datapipe.runner import add_stage
+from datapipe.schema import docs_from_table, docs_to_table, new_document
 from datapipe.text.dedup import Config, find_clusters, make_stage
 from tests.test_warc import http_response, warc_record
 
@@ -42,6 +43,26 @@ def test_clusters_keep_the_earliest_and_name_the_reason():
     bands = np.array([[10, 11], [20, 21], [10, 11], [30, 21], [40, 41]], np.uint64)
     verdicts = find_clusters(np.arange(5), exact, bands, Config(stage="dedup", bands=2, rows=1))
     assert verdicts == {0: ("", 0, 2), 2: ("exact_duplicate", 0, 2), 1: ("", 1, 2), 3: ("near_duplicate", 1, 2)}
+    empty = find_clusters(np.arange(0), np.zeros(0, np.uint64), np.zeros((0, 2), np.uint64), Config(stage="dedup", bands=2))
+    assert empty == {}  # every document rejected upstream: nothing to cluster
+
+
+def test_rejected_documents_take_no_part_in_global_dedup(ray_session, monkeypatch):
+    """On real Ray, as the runner runs it: a document rejected upstream is nobody's survivor, its
+    copies are judged among the live ones only, and it keeps its own reject reason."""
+    monkeypatch.setattr(ray_session.data.DataContext.get_current().execution_options, "preserve_order", True)
+    a, b, c = article(1), article(2), article(3)
+    docs = [new_document("t", str(i), text) for i, text in enumerate([a, b, a, near_copy(b, 1), a, c])]
+    docs[0]["reject"], docs[1]["reject"] = "quality.c4", "langid.language"  # the first batch of 2: all rejected
+    dataset = add_stage(ray_session.data.from_arrow(docs_to_table(docs)), Config(stage="dedup", batch_size=2))
+    out = {doc["source_id"]: doc for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None)
+           for doc in docs_from_table(table)}
+    assert {k: doc["reject"] for k, doc in out.items()} == {
+        "0": "quality.c4", "1": "langid.language", "2": "", "3": "", "4": "dedup.exact_duplicate", "5": ""}
+    assert out["2"]["meta"]["dedup"] == out["4"]["meta"]["dedup"] == {"cluster": "t/2", "size": 2}
+    assert not any("dedup" in out[k]["meta"] for k in "0135")  # b's near copy has no live partner
+    pair = make_stage(Config(stage="dedup"))([new_document("t", "b", b), new_document("t", "copy", near_copy(b, 1))])
+    assert pair[1]["reject"] == "dedup.near_duplicate"  # ...though it is one of b when both live
 
 
 def test_planted_near_duplicates_are_found_and_distinct_texts_kept():

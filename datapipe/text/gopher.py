@@ -184,7 +184,7 @@ def sorted_runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
     starts = np.empty(len(keys), dtype=bool)
-    starts[0] = True
+    starts[:1] = True  # [:1]: no keys, no runs
     np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=starts[1:])
     return order, starts
 
