@@ -21,10 +21,16 @@ def pydoc_topics(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Documen
         yield new_document(cfg.name, names[index], topics[names[index]], kind=cfg.kind, topic=names[index])
 
 
+def seeded_rngs(source: str, seed: int, start: int, stop: int) -> Iterator[tuple[int, random.Random]]:
+    """(index, rng) for each index in [start, stop), the rng seeded by (seed, source name, index)
+    alone, so any split of the range gives the same documents."""
+    for index in range(start, stop):
+        yield index, random.Random(f"{seed}:{source}:{index}")
+
+
 def python_programs(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Document]:
     """Small, valid Python modules: functions with loops, branches, arithmetic and docstrings."""
-    for index in range(start, stop):
-        rng = random.Random(f"{seed}:{cfg.name}:{index}")
+    for index, rng in seeded_rngs(cfg.name, seed, start, stop):
         source = "\n\n".join(make_function(rng) for _ in range(rng.randint(1, 4))) + "\n"
         yield new_document(cfg.name, str(index), source, kind="code", programming_language="python")
 

@@ -59,6 +59,13 @@ REASONS = {
 }
 
 
+def file_inside(root: Path, relative: str) -> Path | None:
+    """The existing file `relative` names under `root` (already resolved), symlinks followed, or None
+    when it is missing, not a file, or resolves outside root (../, an absolute path, a symlink out)."""
+    candidate = (root / relative).resolve()
+    return candidate if candidate.is_relative_to(root) and candidate.is_file() else None
+
+
 class Renderer(Protocol):
     name: str  # "resvg", "cairosvg", "chromium": recorded in meta
 

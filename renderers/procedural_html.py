@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from datapipe.generators import seeded_rngs
 from datapipe.schema import Document, new_document
 from renderers.procedural_svg import PALETTES
 
@@ -22,8 +23,7 @@ FONT_STACKS = ['"DejaVu Sans", sans-serif', '"Liberation Serif", serif', '"Liber
 
 
 def html_pages(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Document]:
-    for index in range(start, stop):
-        rng = random.Random(f"{seed}:{cfg.name}:{index}")
+    for index, rng in seeded_rngs(cfg.name, seed, start, stop):
         yield new_document(cfg.name, str(index), make_page(rng), kind="html", generator="html_pages")
 
 

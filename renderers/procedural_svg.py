@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from datapipe.generators import seeded_rngs
 from datapipe.schema import Document, new_document
 
 PALETTES = [
@@ -29,8 +30,7 @@ FONTS = ["DejaVu Sans", "DejaVu Serif", "Liberation Sans", "Liberation Serif", "
 
 
 def svg_programs(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Document]:
-    for index in range(start, stop):
-        rng = random.Random(f"{seed}:{cfg.name}:{index}")
+    for index, rng in seeded_rngs(cfg.name, seed, start, stop):
         yield new_document(cfg.name, str(index), make_svg(rng), kind="svg", generator="svg_programs")
 
 

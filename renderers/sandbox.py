@@ -200,7 +200,7 @@ class Sandbox:
 
 def worker_env() -> dict[str, str]:
     """A minimal environment: no inherited secrets, no writable home."""
-    keep = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV")
+    keep = ("PATH", "LANG", "LC_ALL", "VIRTUAL_ENV")  # PYTHONPATH is set below
     env = {key: os.environ[key] for key in keep if key in os.environ}
     env["HOME"] = "/nonexistent"
     # Keep render-sized buffers (a 512-px RGBA pixmap is 1 MiB) on the heap for reuse: glibc would

@@ -12,6 +12,7 @@ unless "transparent".
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ class SvgRenderer:
         checked = check_svg(code, asset_dir, options)
         if options.memory_mb != self.sandbox.limits.memory_mb:  # the next worker starts with the new cap
             self.sandbox.stop()
-            self.sandbox.limits = Limits(memory_mb=options.memory_mb, nproc=WORKER_NPROC)
+            self.sandbox.limits = replace(self.sandbox.limits, memory_mb=options.memory_mb)
         header = {"backend": options.svg_backend, "size": options.size, "background": rgba(options.background)}
         reply, png = self.sandbox.call(header, checked.markup.encode("utf-8", "surrogatepass"), options.timeout_s)
         meta = {"renderer": options.svg_backend, "version": reply["version"], "sizes": [reply["size"]],

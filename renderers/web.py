@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from renderers.base import Render, RenderError, RenderOptions
+from renderers.base import Render, RenderError, RenderOptions, file_inside
 from renderers.sandbox import Limits, allocate_uid, cgroup_name, kill_tree, remove_memory_cgroups
 
 CHROMIUM = "/usr/bin/chromium"
@@ -63,10 +63,11 @@ class WebRenderer:
         self.context = None
         self.page = None
         self.uid: int | None = None
-        self.context_key: tuple = ()  # (javascript, memory_mb) the page was made with
+        self.context_javascript: bool | None = None  # what the page was made with; memory_mb relaunches the browser
         self.memory_mb: int | None = None  # the V8 heap cap the browser was launched with
         self.renders_in_context = 0
-        self.served: tuple[str, bytes, Path | None] = ("", b"", None)  # (doc path, html, asset folder)
+        self.served: tuple[str, bytes, Path | None] = ("", b"", None)  # (doc path, html, resolved asset folder)
+        self.scratch: str | None = None  # scratch_dir(), made (and stale ones swept) at the first launch
         self.blocked: list[str] = []
 
     def render(self, code: str, asset_dir: Path | None, options: RenderOptions, name: str = "index.html") -> Render:
@@ -96,14 +97,16 @@ class WebRenderer:
             raise RenderError("crashed", message) from None
 
     def capture(self, page, html: bytes, asset_dir: Path | None, options: RenderOptions, name: str) -> Render:
-        self.served, self.blocked = ("/" + name.lstrip("/"), html, asset_dir), []
+        root = asset_dir.resolve() if asset_dir is not None else None  # once per render, not per request
+        self.served, self.blocked = ("/" + name.lstrip("/"), html, root), []
         self.renders_in_context += 1
         timeout_ms = options.timeout_s * 1000
         page.set_viewport_size(dict(zip(("width", "height"), options.viewports[0])))
         page.goto(f"http://{HOST}/{name.lstrip('/')}", wait_until="load", timeout=timeout_ms)
         images, sizes = [], []
-        for width, height in options.viewports:
-            page.set_viewport_size({"width": width, "height": height})
+        for index, (width, height) in enumerate(options.viewports):
+            if index:  # the page loaded at the first size
+                page.set_viewport_size({"width": width, "height": height})
             images.append(self.screenshot(page, width, height, options, timeout_ms))
             sizes.append(png_size(images[-1]))
         meta = {"renderer": self.name, "version": self.browser.version, "sizes": sizes,
@@ -136,24 +139,20 @@ class WebRenderer:
         route.fulfill(status=200, body=body, headers={"content-type": content_type})
 
     def serve(self, path: str) -> bytes | None:
-        doc_path, html, asset_dir = self.served
+        doc_path, html, root = self.served
         if path == doc_path:
             return html
-        if asset_dir is None:
-            return None
-        root = asset_dir.resolve()
-        candidate = (root / path.lstrip("/")).resolve()
-        if candidate.is_relative_to(root) and candidate.is_file() and candidate.stat().st_size <= MAX_ASSET_BYTES:
-            return candidate.read_bytes()
+        found = file_inside(root, path.lstrip("/")) if root is not None else None
+        if found is not None and found.stat().st_size <= MAX_ASSET_BYTES:
+            return found.read_bytes()
         return None
 
     # ---- warm resources and their replacement -------------------------------------------
 
     def ensure_page(self, options: RenderOptions):
-        key = (options.javascript, options.memory_mb)
         if self.browser is None or not self.browser.is_connected() or options.memory_mb != self.memory_mb:
-            self.restart_browser(options)
-        if self.page is None or self.page.is_closed() or key != self.context_key or \
+            self.restart_browser(options)  # which also drops the context and page
+        if self.page is None or self.page.is_closed() or options.javascript != self.context_javascript or \
                 self.renders_in_context >= CONTEXT_RECYCLE:
             self.reset_context()
             self.context = self.browser.new_context(
@@ -163,15 +162,17 @@ class WebRenderer:
             self.context.add_init_script(SEEDED_RANDOM)
             self.context.route("**/*", self.handle_route)
             self.page = self.context.new_page()
-            self.context_key, self.renders_in_context = key, 0
+            self.context_javascript, self.renders_in_context = options.javascript, 0
         return self.page
 
     def restart_browser(self, options: RenderOptions) -> None:
         self.stop_browser()
-        self.playwright = self.playwright or start_playwright()
+        if self.scratch is None:  # the first launch (or the first after close) sweeps what killed actors left
+            remove_memory_cgroups()  # those of browsers whose actor was killed before its clean-up
+            self.scratch = scratch_dir()
+        self.playwright = self.playwright or start_playwright(self.scratch)
         self.uid = allocate_uid()
-        remove_memory_cgroups()  # those of browsers whose actor was killed before its clean-up
-        launcher_dir = tempfile.mkdtemp(prefix="chromium-", dir=scratch_dir())
+        launcher_dir = tempfile.mkdtemp(prefix="chromium-", dir=self.scratch)
         limits = replace(CHROMIUM_LIMITS, cgroup_memory_mb=options.memory_mb + BROWSER_BASE_MB)
         try:
             self.browser = self.launch(write_launcher(launcher_dir, self.uid, limits), options)
@@ -210,7 +211,9 @@ class WebRenderer:
         if self.playwright is not None:
             self.playwright.stop()
             self.playwright = None
-        shutil.rmtree(scratch_dir(), ignore_errors=True)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
 
 def scratch_dir() -> str:
@@ -228,12 +231,12 @@ def scratch_dir() -> str:
     return str(mine)
 
 
-def start_playwright():
-    """Playwright's driver, with its temporary files (profiles, artifacts) in scratch_dir()."""
+def start_playwright(scratch: str):
+    """Playwright's driver, with its temporary files (profiles, artifacts) in `scratch` (scratch_dir())."""
     from playwright.sync_api import sync_playwright
 
     saved = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = scratch_dir()
+    os.environ["TMPDIR"] = scratch
     try:
         return sync_playwright().start()
     finally:

@@ -95,7 +95,8 @@ def test_no_request_leaves_the_machine_even_to_a_local_server(web):
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
     base = f"http://127.0.0.1:{server.server_port}"
     page = (f'<html><body><img src="{base}/img"><link rel="stylesheet" href="{base}/css"><script>'
             f'fetch("{base}/fetch").catch(() => 0); navigator.sendBeacon("{base}/beacon", "x");'
@@ -106,6 +107,8 @@ def test_no_request_leaves_the_machine_even_to_a_local_server(web):
         web.render(RED_BOX, None, OPTIONS)  # time for late requests to land, had any escaped
     finally:
         server.shutdown()
+        thread.join()
+        server.server_close()
     assert hits == []
     tried = {url.rsplit("/", 1)[-1] for url in result.meta["blocked_requests"]}
     assert tried >= {"img", "css", "fetch", "beacon", "frame"}  # the page did ask: the route refused each
