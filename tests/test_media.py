@@ -136,5 +136,8 @@ def test_media_survive_the_ray_actor_pool(tiny_tokenizer, ray_session):
     assert len(out) == 7 and out["test/junk"]["reject"] == "tokenize.bad_image"
     for i in range(6):
         doc = out[f"test/r{i}"]
-        assert Image.open(io.BytesIO(doc["media"][0])).size == (doc["meta"]["media"][0]["width"], 196)
+        width = doc["meta"]["media"][0]["width"]
+        assert Image.open(io.BytesIO(doc["media"][0])).size == (width, 196)
+        assert width % PATCH == 0 and width >= PATCH  # whole 28-px cells, at least one
+        assert abs(width - (300 + i) * 196 / 200) < PATCH  # the source's aspect ratio, to within one cell
         assert doc["meta"]["transforms"] == ["tokenize"] and doc["meta"]["num_tokens"] == len(doc["tokens"])

@@ -450,6 +450,21 @@ def test_samples_kept_across_epochs_stay_intact(stage):
 
 
 PINNED_ORDER = [9, 4, 6, 7, 0, 2, 8, 5, 3, 1]
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def reference_permutation(n: int, key: list[int]) -> list[int]:
+    """The documented algorithm in plain Python ints: no NumPy, so no shared bug with the code under test."""
+    text = ",".join(str(k) for k in key)
+    base = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    hashes = [splitmix64((item * 0x9E3779B97F4A7C15 + base) & MASK64) for item in range(n)]
+    return sorted(range(n), key=hashes.__getitem__)  # sorted() is stable, like argsort(kind="stable")
 
 
 def test_shuffle_order_is_pinned_across_library_versions():
@@ -458,6 +473,15 @@ def test_shuffle_order_is_pinned_across_library_versions():
     order = permutation(10, [0, 1, 2, 3])  # fixed in code, not by NumPy's Generator: a resume after an upgrade agrees
     assert sorted(order.tolist()) == list(range(10))
     assert order.tolist() == PINNED_ORDER
+    assert reference_permutation(10, [0, 1, 2, 3]) == PINNED_ORDER
+
+
+@pytest.mark.parametrize("key", [[0, 1, 2, 3], [7], [2**40, 3, 0, 1, 5, 2, 9], []])
+@pytest.mark.parametrize("n", [1, 2, 10, 1000])
+def test_permutation_matches_a_plain_python_splitmix64_sort(n, key):
+    from datapipe.plan import permutation
+
+    assert permutation(n, key).tolist() == reference_permutation(n, key)
 
 
 def test_a_protocol_without_its_package_says_what_to_install():

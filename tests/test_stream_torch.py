@@ -68,12 +68,19 @@ def test_resume_with_two_workers(stage):
 
 def test_collate_builds_varlen_attention_inputs(stage):
     dataset = StreamDataset(stage)
-    samples = [sample for _, sample in zip(range(3), dataset)]
+    several_docs = (sample for sample in dataset if len(sample["doc_lens"]) > 1)
+    samples = [sample for _, sample in zip(range(3), several_docs)]
+    assert len(samples) == 3, "the fixture stage needs samples packing several documents"
     batch = collate_packed(samples)
     assert batch["tokens"].shape == (3, 128) and batch["tokens"].dtype == torch.int64
     assert int(batch["cu_seqlens"][-1]) == 3 * 128
-    first = samples[0]["doc_lens"]
-    assert batch["position_ids"][0, : first[0]].tolist() == list(range(first[0]))
-    if len(first) > 1:
-        assert int(batch["position_ids"][0, first[0]]) == 0
+    all_pieces = []
+    for row, sample in enumerate(samples):
+        # positions restart at 0 for every document; the padding, if any, counts as one more piece
+        pieces = [int(n) for n in sample["doc_lens"]] + ([int(sample["num_pad"])] if sample["num_pad"] else [])
+        assert sum(pieces) == 128
+        expected = np.concatenate([np.arange(n) for n in pieces])
+        assert np.array_equal(batch["position_ids"][row].numpy(), expected), f"row {row}: {pieces}"
+        all_pieces += pieces
+    assert batch["cu_seqlens"].tolist() == [0] + np.cumsum(all_pieces).tolist()
     assert np.array_equal(batch["tokens"][1].numpy(), samples[1]["tokens"])

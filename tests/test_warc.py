@@ -1,6 +1,7 @@
 """WARC/ARC/WET and saved-page readers on archives made here, broken ones included."""
 import gzip
 import json
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,9 +23,14 @@ def http_response(body: bytes, content_type: str = "text/html; charset=utf-8", s
 def warc_record(block: bytes, url: str, kind: str = "response") -> bytes:
     content_type = "application/http; msgtype=response" if kind == "response" else "text/plain"
     head = (f"WARC/1.0\r\nWARC-Type: {kind}\r\nWARC-Target-URI: {url}\r\nWARC-Date: 2024-05-01T00:00:00Z\r\n"
-            f"WARC-Record-ID: <urn:uuid:{abs(hash(url))}>\r\nContent-Type: {content_type}\r\n"
+            f"WARC-Record-ID: <urn:uuid:{record_uuid(url)}>\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(block)}\r\n\r\n")
     return head.encode() + block + b"\r\n\r\n"
+
+
+def record_uuid(url: str) -> uuid.UUID:
+    """The same id for the same url in every run (hash() of a str changes per process)."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, url)
 
 
 def pages(n: int) -> list[bytes]:
@@ -43,6 +49,7 @@ def test_plain_and_gzip_archives_give_every_page(tmp_path):
         docs = read(tmp_path / name)
         assert [d["reject"] for d in docs] == ["", "", ""]
         assert [d["meta"]["url"] for d in docs] == [f"http://example.com/{i}" for i in range(3)]
+        assert [d["meta"]["record_id"] for d in docs] == [f"<urn:uuid:{record_uuid(d['meta']['url'])}>" for d in docs]
         assert all(d["kind"] == "html" and "page" in d["text"] and d["meta"]["date"] for d in docs)
 
 
