@@ -42,9 +42,8 @@ system-deps:
 
 # Benchmark peers (datatrove + spacy, MosaicML streaming), kept out of the core install.
 bench-deps: install
-	$(BIN)/python -m pip install -q -e '.[stream-bench]'
+	$(BIN)/python -m pip install -q -e '.[bench,stream-bench]'
 	$(BIN)/python -m pip install -q --no-deps mosaicml-streaming==0.13.0  # bench/stream.py's peer; deps in [stream-bench]
-	$(BIN)/python -m pip install -q -e '.[bench]'
 
 lint: install
 	$(BIN)/ruff check datapipe renderers tokenizer tests bench

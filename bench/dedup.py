@@ -16,6 +16,7 @@ removed. Run: .venv/bin/python bench/dedup.py   (make bench-deps first)
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import random
@@ -155,6 +156,7 @@ def near(doc: int, texts: list[str]) -> list[int]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help answers instead of starting the run
     if not DATA.is_file():
         sys.exit(f"bench dedup: needs {DATA}")
     base = [json.loads(line)["text"] for line in gzip.open(DATA)]

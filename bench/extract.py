@@ -10,6 +10,7 @@ Run: .venv/bin/python bench/extract.py
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import re
@@ -83,6 +84,7 @@ def evaluate(backend: str, pages: list[dict]) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help answers instead of starting the run
     if not DATA.is_dir():
         sys.exit(f"bench extract: needs {DATA} (the shared data folder)")
     pages = load_gold()

@@ -15,6 +15,7 @@ Run: .venv/bin/python bench/filters.py   (make bench-deps first)
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import sys
@@ -66,6 +67,7 @@ def timed_map(function, texts: list[str], chunk: int = 64) -> tuple[list[bool], 
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help answers instead of starting the run
     if not DATA.is_file():
         sys.exit(f"bench filters: needs {DATA}")
     base = [json.loads(line)["text"] for line in gzip.open(DATA)]

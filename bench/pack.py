@@ -17,6 +17,7 @@ lengths, not tokens: copying tokens into samples costs the same whatever the pla
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -100,6 +101,7 @@ def measure(packer, lengths: np.ndarray, seq_len: int) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help answers instead of starting the run
     rng = np.random.default_rng(0)
     mixes = {"pretrain": pretrain_lengths(rng), "cooldown": cooldown_lengths(rng)}
     for packer in PACKERS.values():  # compile (or load numba's cache) outside the timings

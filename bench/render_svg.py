@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from renderers.base import RenderError, RenderOptions
 from renderers.svg import SvgRenderer, render_cairosvg
-from renderers.web import WebRenderer
+from renderers.web import WebRenderer, png_size
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "svg"
 WARM_UP = '<svg xmlns="http://www.w3.org/2000/svg" width="24" height="24"><circle cx="12" cy="12" r="9"/></svg>'
@@ -118,7 +118,7 @@ def chromium_references(web, texts: list[tuple[str, Path]], ours: list) -> list[
         if not isinstance(png, bytes):
             references.append(None)
             continue
-        width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+        width, height = png_size(png)
         data = base64.b64encode(code.encode()).decode()
         page = (f'<html><body style="margin:0;background:#fff"><img style="display:block;width:{width}px;'
                 f'height:{height}px" src="data:image/svg+xml;base64,{data}"></body></html>')
@@ -142,7 +142,7 @@ def compare(texts: list[tuple[str, Path]], options: RenderOptions) -> dict:
     both = [(a, b) for a, b in zip(ours, theirs) if isinstance(a, bytes) and isinstance(b, bytes)]
     return {"ours": ours, "theirs": theirs, "rate": ok_ours / ours_cpu, "peer_rate": ok_theirs / theirs_cpu,
             "success": ok_ours / len(texts), "peer_success": ok_theirs / len(texts),
-            "same_size": sum(a[16:24] == b[16:24] for a, b in both) / max(len(both), 1),
+            "same_size": sum(png_size(a) == png_size(b) for a, b in both) / max(len(both), 1),
             "failures": {name: sorted(o for o in outs if not isinstance(o, bytes))
                          for name, outs in (("ours", ours), ("cairosvg", theirs))}}
 

@@ -22,17 +22,12 @@ Medians over the rounds; the machine is shared, so compare the ratios.
 """
 from __future__ import annotations
 
-import os
-import sys
-
-# bench/tokenize.py shadows the standard library's `tokenize`, which numpy's imports reach: put the
-# repository root, not bench/, first on the path before anything else is imported.
-sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import json
+import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import types
@@ -40,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from datapipe.shards import ShardWriter, read_manifest, read_shards
 from datapipe.stream import stream
 

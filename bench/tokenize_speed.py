@@ -7,27 +7,23 @@ are reported, and every round checks that the ids are identical (the stage's tok
 the trailing EOS against HF's ids). The tokenizer encoded with is the 32K vocabulary this
 benchmark trains first, on the shared text repeated to --train-mb MB (timed, all cores).
 
-    .venv/bin/python bench/tokenize.py [--train-mb 100] [--encode-mb 4] [--rounds 3]
+    .venv/bin/python bench/tokenize_speed.py [--train-mb 100] [--encode-mb 4] [--rounds 3]
 """
 from __future__ import annotations
-
-import os
-import sys
-
-# This file's name shadows the standard library's `tokenize` (which numpy's imports reach):
-# put the repository root, not bench/, first on the path before anything else is imported.
-sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse
 import gzip
 import json
+import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from datapipe.schema import new_document
 from tokenizer.bpe import save_tokenizer, train_tokenizer
 from tokenizer.fast import HFEncoder

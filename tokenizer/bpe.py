@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
-from tokenizer.pretokenize import K2_PATTERN, hf_pre_tokenizer
+from tokenizer.pretokenize import hf_pre_tokenizer
 
 SPECIAL_TOKENS = [
     "<|bos|>",
@@ -37,12 +37,12 @@ K2_RESERVED = 256  # K2 reserves 256 ids after its 163,584 BPE ranks
 BUNDLED = {"demo": Path(__file__).parent / "assets" / "demo.json"}  # `datapipe tokenizer train recipes/demo.yaml --vocab-size 8192`
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, num_reserved: int | None = None):
+def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2):
     """A K2-style byte-level BPE trained on `texts` (an iterator is fine; it is read once)."""
-    num_reserved = reserved_block_size(vocab_size) if num_reserved is None else num_reserved
-    if num_reserved < len(SPECIAL_TOKENS) or vocab_size - num_reserved <= 256:
+    num_reserved = reserved_block_size(vocab_size)
+    if vocab_size - num_reserved <= 256:
         raise ValueError(f"vocab_size {vocab_size} with {num_reserved} reserved ids leaves no room for merges after "
-                         f"the 256 byte tokens (and needs >= {len(SPECIAL_TOKENS)} reserved): use vocab_size 512 or more")
+                         f"the 256 byte tokens: use vocab_size 512 or more")
     trained = train_hf_bpe(texts, vocab_size - num_reserved, min_frequency)
     return build_tokenizer(ranks_from_trained(trained), num_reserved)
 
@@ -91,14 +91,14 @@ def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return [(left, right) for *_, left, right in merges]
 
 
-def build_tokenizer(ranks: dict[bytes, int], num_reserved: int, pattern: str = K2_PATTERN):
-    """The HF tokenizer equivalent to tiktoken ranks + pattern, special tokens after the ranks."""
+def build_tokenizer(ranks: dict[bytes, int], num_reserved: int):
+    """The HF tokenizer equivalent to tiktoken ranks + the K2 pattern, special tokens after the ranks."""
     from tokenizers import Tokenizer, decoders, models
 
     vocab = {as_byte_level(token): rank for token, rank in ranks.items()}
     merges = [(as_byte_level(left), as_byte_level(right)) for left, right in merges_from_ranks(ranks)]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
-    tokenizer.pre_tokenizer = hf_pre_tokenizer(pattern)
+    tokenizer.pre_tokenizer = hf_pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(special_token_names(num_reserved))
     return tokenizer

@@ -1,7 +1,7 @@
 """The fast encoder: tiktoken over ranks exported from our tokenizer.json, same ids.
 
 HF `tokenizers` encodes at well under 1 MB/s per core on this machine; tiktoken runs the
-same byte-level BPE several times faster (bench/tokenize.py measures it). They agree
+same byte-level BPE several times faster (bench/tokenize_speed.py measures it). They agree
 because tokenizer/bpe.py lays the tokenizer out as a tiktoken vocabulary (id = rank,
 merges derived from ranks, whole-piece lookup first) and both engines split with the
 same K2 pattern.

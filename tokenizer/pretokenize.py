@@ -34,13 +34,13 @@ K2_PATTERN = "|".join([
 ])
 
 
-def hf_pre_tokenizer(pattern: str = K2_PATTERN):
-    """`tokenizers` pre-tokenizer: split by `pattern`, then map each piece's bytes to
+def hf_pre_tokenizer():
+    """`tokenizers` pre-tokenizer: split by K2_PATTERN, then map each piece's bytes to
     byte-level characters (GPT-2's printable stand-ins for the 256 byte values)."""
     from tokenizers import Regex, pre_tokenizers
 
     return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.Split(Regex(K2_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
 
