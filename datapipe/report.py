@@ -68,12 +68,19 @@ class RunStats:
             self.languages[doc["meta"].get("language", "unknown")] += 1
             self.lengths["written"][length_bucket(len(doc["text"]))] += 1
 
-    def reject_late(self, source: str, reason: str, num_tokens: int) -> None:
-        """A document counted as written that packing could not use after all (too long, over budget)."""
-        self.written[source] -= 1
+    def reject_late(self, record: dict[str, Any], reason: str, num_tokens: int) -> None:
+        """A document counted as written that packing could not use after all (too long, over budget):
+        every written figure count() gave it moves to the rejected side. `record` is the spill's
+        description of it (datapipe.spill.Corpus.describe: source, language, text_chars, text_bytes)."""
+        self.written[record["source"]] -= 1
         self.tokens -= num_tokens
+        self.languages[record["language"]] -= 1
+        self.lengths["written"][length_bucket(record["text_chars"])] -= 1
         self.rejected[reason] += 1
+        self.rejected_bytes[reason] += record["text_bytes"]
         self.stage_rejected[reason.split(".", 1)[0]] += 1
+        self.stage_bytes_rejected[reason.split(".", 1)[0]] += record["text_bytes"]
+        self.lengths["rejected"][length_bucket(record["text_chars"])] += 1
 
     @property
     def balanced(self) -> bool:
@@ -93,7 +100,7 @@ class RunStats:
             "stages": {s: self.stage_counts(s) for s in self.stage_names()},
             "rules": self.rule_counts(),
             "pii_redactions": dict(self.pii.most_common()),
-            "languages": dict(self.languages.most_common()),
+            "languages": dict((+self.languages).most_common()),  # + drops languages whose documents all left late
             "length_histogram": {k: ordered_buckets(v) for k, v in self.lengths.items()},
             "tokens": self.tokens,
             "packing": self.packing,

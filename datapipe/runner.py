@@ -106,9 +106,10 @@ def reject_unused(corpus: Corpus, usage: Usage, stats: RunStats, rejects) -> Non
     unused = usage.unused()
     while chunk := list(islice(unused, 10_000)):  # described a chunk at a time: memory stays flat
         for (row, reason), record in zip(chunk, corpus.describe([row for row, _ in chunk])):
-            stats.reject_late(record["source"], reason, int(corpus.lengths[row]))
-            rejects.write(json.dumps({**record, "reject": reason, "meta": {"num_tokens": int(corpus.lengths[row])}},
-                                     ensure_ascii=False) + "\n")
+            stats.reject_late(record, reason, int(corpus.lengths[row]))
+            meta = {"num_tokens": int(corpus.lengths[row]), "language": record.pop("language")}
+            del record["text_chars"], record["text_bytes"]
+            rejects.write(json.dumps({**record, "reject": reason, "meta": meta}, ensure_ascii=False) + "\n")
     stats.stage_passed["pack"] = int((usage.uses > 0).sum())
 
 

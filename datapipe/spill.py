@@ -3,7 +3,8 @@
 Packing is global per curriculum stage, so the driver first writes every live
 document's tokens once to out/<run>/spill/: `tokens.u32` (all ids end to end),
 `media.bin` (all images end to end) and `docs.arrow` (a row per document: id, source,
-length, media spans, image offsets, the head of its text for reject lines). Each
+length, media spans, image offsets, and for reject lines and the run's stats, the head of
+its text, its language and its text's size). Each
 stage then selects by length and source from the index and copies tokens out of a
 memory map, so the plan runs once however many stages reuse a document, and a corpus
 larger than RAM packs with memory for its index only (~60 bytes a document).
@@ -23,6 +24,7 @@ from datapipe.schema import Document
 
 TEXT_HEAD = 200  # characters of text kept per document, for the rejects file of documents no stage used
 NO_SPANS = np.zeros((0, 2), dtype=np.int64)
+DESCRIBED = ["id", "source", "source_id", "kind", "text_head", "language", "text_chars", "text_bytes"]
 
 
 @dataclass
@@ -52,9 +54,9 @@ class Corpus:
         return int(self.lengths.sum())
 
     def describe(self, rows: list[int]) -> list[dict[str, Any]]:
-        """The fields of a reject line for each of these documents (ones no curriculum stage used):
-        one take for all of them, 3 us a row, where a slice per row cost 33."""
-        fields = self.index.select(["id", "source", "source_id", "kind", "text_head"]).take(rows).to_pylist()
+        """What a reject line and the run's stats need of each of these documents (ones no curriculum
+        stage used): one take for all of them, 3 us a row, where a slice per row cost 33."""
+        fields = self.index.select(DESCRIBED).take(rows).to_pylist()
         for record in fields:
             record["text"] = record.pop("text_head")
         return fields
@@ -93,7 +95,8 @@ class SpillWriter:
         self.media_ids = np.array([ids.media_begin, ids.media_end], dtype=np.uint32)
         self.source_codes = {name: code for code, name in enumerate(dict.fromkeys(source_names))}
         self.rows: dict[str, list] = {k: [] for k in ("id", "source", "source_code", "source_id", "kind", "text_head",
-                                                       "num_tokens", "media_spans", "media_offsets")}
+                                                       "language", "text_chars", "text_bytes", "num_tokens",
+                                                       "media_spans", "media_offsets")}
         self.token_chunks: list[np.ndarray] = []
         self.media_chunks: list[bytes] = []
         self.media_size = 0
@@ -133,6 +136,9 @@ class SpillWriter:
             self.rows[key].append(doc[key])
         self.rows["source_code"].append(self.source_codes.setdefault(doc["source"], len(self.source_codes)))
         self.rows["text_head"].append(doc["text"][:TEXT_HEAD])
+        self.rows["language"].append(doc["meta"].get("language", "unknown"))
+        self.rows["text_chars"].append(len(doc["text"]))
+        self.rows["text_bytes"].append(len(doc["text"].encode("utf-8", "surrogatepass")))
         self.rows["num_tokens"].append(num_tokens)
         self.rows["media_spans"].append(spans.ravel().tolist())
         self.rows["media_offsets"].append((np.cumsum([0, *map(len, doc["media"])]) + self.media_size).tolist()

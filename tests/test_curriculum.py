@@ -248,6 +248,11 @@ def test_run_accounts_for_every_document_once(curriculum_run):
     assert stats["rejected"]["pack.over_budget"] > 0  # code documents that neither mixture's budget reached
     assert {r["source"] for r in rejects if r["reject"] == "pack.over_budget"} == {"code"}
     assert not (out / "spill").exists()
+    histogram = stats["length_histogram"]  # packing's late rejects move out of the written figures too
+    assert sum(stats["languages"].values()) == sum(histogram["written"].values()) == len(written)
+    assert sum(histogram["rejected"].values()) == len(rejects)
+    late = [r for r in rejects if r["reject"].startswith("pack.")]
+    assert stats["rejected_bytes"]["pack.over_budget"] >= sum(len(r["text"]) for r in late if r["reject"] == "pack.over_budget")
 
 
 @pytest.mark.slow

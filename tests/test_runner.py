@@ -148,3 +148,28 @@ def test_a_stage_that_drops_records_silently_fails_loudly():
     table = docs_to_table([new_document("s", str(i), "x") for i in range(3)])
     with pytest.raises(RuntimeError, match="dropped 2 records"):
         apply_stage(lambda docs: docs[:1], "lossy", table)
+
+
+def test_a_late_reject_leaves_no_trace_in_the_written_figures():
+    """A document packing leaves out (over budget, too long) was counted as written when it was
+    spilled: every written figure of it moves to the rejected side, none stays behind."""
+    from datapipe.packing import SpecialIds
+    from datapipe.report import RunStats
+    from datapipe.spill import SpillWriter
+
+    docs = [new_document("web", str(i), text, language=language)
+            for i, (text, language) in enumerate([("short é", "fr"), ("x" * 300, "en"), ("y" * 5000, "en")])]
+    for doc, num_tokens in zip(docs, (3, 40, 700)):
+        doc["tokens"] = np.arange(5, 5 + num_tokens, dtype=np.uint32)
+    stats, spill = RunStats("late"), SpillWriter(None, SpecialIds(pad=0, media_begin=1, media_end=2), ["web"])
+    assert spill.add_batch(docs) == ["", "", ""]
+    for doc in docs:
+        stats.count(doc)
+    corpus = spill.finish()
+    for row, record in zip((0, 2), corpus.describe([0, 2])):
+        stats.reject_late(record, "pack.over_budget", int(corpus.lengths[row]))
+    figures = stats.to_dict()
+    assert figures["written"] == {"web": 1} and figures["tokens"] == 40 and figures["balanced"]
+    assert figures["languages"] == {"en": 1}  # the French document left late: no "fr": 0 either
+    assert figures["length_histogram"] == {"written": {"256-1024": 1}, "rejected": {"<64": 1, "4096-16384": 1}}
+    assert figures["rejected_bytes"] == {"pack.over_budget": len("short é".encode()) + 5000}
