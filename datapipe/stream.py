@@ -8,8 +8,8 @@ window shuffle from (seed, epoch). So the state is two integers, (epoch, positio
 `load_state_dict` then `iter` reads one shuffle window and skips into it, and the
 samples that follow are exactly those an uninterrupted run would have yielded next.
 
-Shards are read whole (or downloaded into an optional cache) `prefetch` ahead by a
-thread pool, checked against the manifest's size and, with verify=True, its sha256.
+Shards are mapped or read whole (or downloaded into an optional cache) `prefetch` ahead
+by a thread pool, checked against the manifest's size and, with verify=True, its sha256.
 The same threads read each shard's index (datapipe.shards writes one beside each shard;
 a shard without one is located by a walk over its tar headers), plan the decoding of the
 span (datapipe.tarsamples.plan_span: numpy only) and derive its position ids
@@ -64,6 +64,7 @@ class StreamOptions:
     cache_dir: str | None = None  # keep downloaded shards here; None: remote shards stay in memory only
     prefetch: int = 2  # shards read ahead of the one being decoded (shuffled: plus a window), in threads
     position_ids: bool = True  # derive position_ids from doc_lens as read_shard does (~40% of the decode at 8K)
+    mmap: bool = True  # map local shards the page cache holds whole (no copy); False: read them (see fetch.map_cached)
 
 
 class LoadedSpan(NamedTuple):
@@ -211,7 +212,7 @@ class Stream:
         location = fetch.join(stage.location, shard["name"])
         if "index" in shard and not buffers.warm:  # shards come from disk: have the index read meanwhile
             fetch.will_need(fetch.join(stage.location, shard["index"]["name"]))
-        buffer = fetch.load_shard(location, shard, cache, self.options.verify, buffers)
+        buffer = fetch.load_shard(location, shard, cache, self.options.verify, buffers, self.options.mmap)
         index = self.load_index(stage, shard, location, cache) or walk_index(buffer, location, span.stop)
         plan = plan_span(buffer, index, span.start, span.stop)
         positions = span_positions(plan, self.position_buffers) if self.options.position_ids else None

@@ -424,6 +424,55 @@ def test_a_shard_reads_whole_whatever_the_page_cache_holds(tmp_path, monkeypatch
     assert fetch.read_local(path, pool).tobytes() == data
 
 
+def cached_shard(tmp_path) -> tuple:
+    from datapipe import fetch
+
+    if fetch.load_mincore() is None:
+        pytest.skip("no mincore here: shards are read, never mapped")
+    data = np.random.default_rng(1).integers(0, 256, 3 * fetch.READ_CHUNK + 77, dtype=np.uint8).tobytes()
+    path = tmp_path / "shard.tar"
+    path.write_bytes(data)
+    return fetch, path, data
+
+
+def test_a_shard_in_the_page_cache_is_mapped_and_writes_never_reach_the_file(tmp_path):
+    import mmap
+
+    fetch, path, data = cached_shard(tmp_path)
+    pool = fetch.BufferPool(keep=1)
+    array = fetch.read_local(path, pool, mapped=True)
+    assert isinstance(array.base.obj, mmap.mmap) and not pool.buffers and pool.warm
+    assert array.tobytes() == data and array.flags.writeable
+    array[: fetch.PAGE + 1] ^= 0xFF  # a trainer writing into a sample's tokens: its own copy of the page
+    assert path.read_bytes() == data and array[0] == data[0] ^ 0xFF
+    assert fetch.read_local(path, pool).base is not None and pool.buffers  # mapped=False: read into the pool
+
+
+def test_a_shard_partly_out_of_the_page_cache_is_read_not_mapped(tmp_path):
+    import mmap
+
+    fetch, path, data = cached_shard(tmp_path)
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())  # the kernel drops clean pages only
+        os.posix_fadvise(file.fileno(), fetch.READ_CHUNK, 0, os.POSIX_FADV_DONTNEED)
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapping:  # which pages stayed in memory
+            pages = np.empty(-(-len(data) // fetch.PAGE), dtype=np.uint8)
+            address = np.frombuffer(mapping, dtype=np.uint8).ctypes.data
+            assert fetch.load_mincore()(address, len(data), pages.ctypes.data) == 0
+    if (pages & 1).all():
+        pytest.skip("this file system keeps every page in memory (tmpfs): nothing to tell apart")
+    array = fetch.read_local(path, fetch.BufferPool(keep=1), mapped=True)
+    assert not isinstance(getattr(array.base, "obj", None), mmap.mmap) and array.tobytes() == data
+
+
+def test_mapped_and_read_shards_give_the_same_samples(stage):
+    mapped, read = list(stream(stage, shuffle=True, seed=5)), list(stream(stage, shuffle=True, seed=5, mmap=False))
+    assert [s["key"] for s in mapped] == [s["key"] for s in read] and len(read) > 0
+    for a, b in zip(mapped, read):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k]
+                                            for k in a)
+
+
 def test_a_warm_shard_comes_from_the_page_cache_in_one_go(tmp_path):
     from datapipe import fetch
 
