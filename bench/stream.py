@@ -9,10 +9,10 @@ cache, then times in rounds, the loaders in turn: a raw sequential read of the s
 files (`cat` of the shards and their index files into /dev/null: the bytes our loader
 reads, from the same warm page cache), our loader, `webdataset.WebDataset(...).decode()`,
 and `streaming.StreamingDataset`. Every loader hands out token arrays already in memory
-(ours reads each shard whole with one copy, as `cat` does; the others copy per sample);
-the consumer gathers them into batches of 8 and reads one token of each. "ours" decodes
-the same members the peers do (position_ids=False); "ours_positions" also derives
-position_ids, the loader's default; "ours_walk" reads the same stage as shards of another
+(ours maps a shard the page cache holds, or reads it whole with one copy as `cat` does;
+the others copy per sample); the consumer gathers them into batches of 8 and reads one
+token of each. "ours" decodes the same members the peers do (position_ids=False);
+"ours_positions" also derives position_ids, the loader's default; "ours_walk" reads the same stage as shards of another
 writer would come (no index files: it walks the tar headers). "raw_cold" and "ours_cold"
 read the same files from disk: the page cache is dropped for them (posix_fadvise
 DONTNEED) before each run, as a trainer whose data outgrows its memory reads them.
