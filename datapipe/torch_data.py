@@ -25,6 +25,7 @@ except ImportError as err:  # pragma: no cover - depends on the install
     raise ImportError("datapipe.torch_data needs torch: pip install 'datapipe[torch]' "
                       "(or pip install torch==2.13.0 for the CPU build)") from err
 
+from datapipe.shards import int32_range
 from datapipe.stream import Stream
 
 
@@ -84,8 +85,8 @@ def collate_packed(samples: list[dict[str, Any]]) -> dict[str, Any]:
             stacked = np.stack([s[name] for s in samples])
             batch[name] = torch.from_numpy(stacked.astype(np.int64) if stacked.dtype == np.uint32 else stacked)
     lengths = [documents_and_padding(s) for s in samples]
-    if "position_ids" not in batch:
-        positions = np.concatenate([np.arange(n) for row in lengths for n in row])
+    if "position_ids" not in batch:  # a loader with position_ids=False: int32, as the loader's own
+        positions = np.concatenate([int32_range(n) for row in lengths for n in row])
         batch["position_ids"] = torch.from_numpy(positions.reshape(len(samples), -1))
     flat = np.concatenate([[0], np.cumsum([n for row in lengths for n in row])])
     batch["cu_seqlens"] = torch.from_numpy(flat.astype(np.int32))

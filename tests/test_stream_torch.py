@@ -66,14 +66,15 @@ def test_resume_with_two_workers(stage):
         assert head + [b["keys"] for b in loader] == reference, f"cut after {cut} batches"
 
 
-def test_collate_builds_varlen_attention_inputs(stage):
-    dataset = StreamDataset(stage)
+@pytest.mark.parametrize("position_ids", [True, False])  # False: collate derives them itself
+def test_collate_builds_varlen_attention_inputs(stage, position_ids):
+    dataset = StreamDataset(stage, position_ids=position_ids)
     several_docs = (sample for sample in dataset if len(sample["doc_lens"]) > 1)
     samples = [sample for _, sample in zip(range(3), several_docs)]
     assert len(samples) == 3, "the fixture stage needs samples packing several documents"
     batch = collate_packed(samples)
     assert batch["tokens"].shape == (3, 128) and batch["tokens"].dtype == torch.int64
-    assert int(batch["cu_seqlens"][-1]) == 3 * 128
+    assert int(batch["cu_seqlens"][-1]) == 3 * 128 and batch["position_ids"].dtype == torch.int32
     all_pieces = []
     for row, sample in enumerate(samples):
         # positions restart at 0 for every document; the padding, if any, counts as one more piece
