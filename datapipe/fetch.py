@@ -24,6 +24,7 @@ import mmap
 import os
 import sys
 import threading
+import weakref
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,11 @@ PAGE = 4096
 # `cat`'s time on our box with the page cache dropped (128 KiB: about as fast as `cat`).
 READ_CHUNK = 128 << 10
 NOWAIT = hasattr(os, "RWF_NOWAIT")  # Linux 4.14+: read only what the page cache holds
+# Live shard mappings at most; beyond, shards are read. Python's mmap keeps a duplicate of the file
+# descriptor while mapped, so a consumer holding samples of thousands of shards would otherwise run
+# the process out of descriptors (1,024 by default) and fail the trainer's own opens (checkpoints).
+MAX_MAPPED = 256
+MAPPED: weakref.WeakSet = weakref.WeakSet()  # the live ones (an mmap leaves it when unmapped)
 PROTOCOL_PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
                      "http": "aiohttp", "https": "aiohttp"}
 
@@ -170,7 +176,7 @@ def map_cached(descriptor: int, size: int) -> np.ndarray | None:
     the file is never changed). The cost: a file truncated in place while mapped (`cp` over it; our
     writer renames, never truncates) kills the process with SIGBUS, where a read would fail cleanly."""
     mincore = load_mincore()
-    if not size or mincore is None:
+    if not size or mincore is None or len(MAPPED) >= MAX_MAPPED:
         return None
     try:
         mapping = mmap.mmap(descriptor, size, access=mmap.ACCESS_COPY)
@@ -183,6 +189,7 @@ def map_cached(descriptor: int, size: int) -> np.ndarray | None:
         mapping.close()
         return None
     array[::PAGE].max()  # fault every page in here, not in the trainer's thread (numpy drops the GIL meanwhile)
+    MAPPED.add(mapping)
     return array
 
 

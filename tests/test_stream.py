@@ -448,6 +448,23 @@ def test_a_shard_in_the_page_cache_is_mapped_and_writes_never_reach_the_file(tmp
     assert fetch.read_local(path, pool).base is not None and pool.buffers  # mapped=False: read into the pool
 
 
+def test_mappings_held_at_once_are_capped_so_descriptors_never_run_out(tmp_path, monkeypatch):
+    import gc
+    import mmap
+
+    fetch, path, data = cached_shard(tmp_path)
+    monkeypatch.setattr(fetch, "MAX_MAPPED", len(fetch.MAPPED) + 2)
+    opened = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    held = [fetch.read_local(path, mapped=True) for _ in range(3)]  # samples a consumer keeps
+    assert [isinstance(getattr(a.base, "obj", None), mmap.mmap) for a in held] == [True, True, False]
+    if opened is not None:  # each mapping keeps one descriptor, the read shard none
+        assert len(os.listdir("/proc/self/fd")) == opened + 2
+    assert all(a.tobytes() == data for a in held)
+    del held[0]
+    gc.collect()
+    assert isinstance(fetch.read_local(path, mapped=True).base.obj, mmap.mmap)  # one freed: mapped again
+
+
 def test_a_shard_partly_out_of_the_page_cache_is_read_not_mapped(tmp_path):
     import mmap
 
