@@ -55,13 +55,8 @@ class RunStats:
         self.stage_bytes_in.update(bytes_in)
         self.pii.update(doc["meta"].get("pii", {}))
         if doc["reject"]:
-            stage = doc["reject"].split(".", 1)[0]
-            size = bytes_in.get(stage) or len(doc["text"].encode("utf-8", "surrogatepass"))
-            self.rejected[doc["reject"]] += 1
-            self.rejected_bytes[doc["reject"]] += size
-            self.stage_rejected[stage] += 1
-            self.stage_bytes_rejected[stage] += size
-            self.lengths["rejected"][length_bucket(len(doc["text"]))] += 1
+            size = bytes_in.get(doc["reject"].split(".", 1)[0]) or len(doc["text"].encode("utf-8", "surrogatepass"))
+            self.count_rejected(doc["reject"], size, len(doc["text"]))
         else:
             self.written[doc["source"]] += 1
             self.tokens += len(doc["tokens"])
@@ -76,11 +71,17 @@ class RunStats:
         self.tokens -= num_tokens
         self.languages[record["language"]] -= 1
         self.lengths["written"][length_bucket(record["text_chars"])] -= 1
+        self.count_rejected(reason, record["text_bytes"], record["text_chars"])
+
+    def count_rejected(self, reason: str, size: int, chars: int) -> None:
+        """One rejected document: under its reason and its stage (the reason's prefix), `size`
+        UTF-8 bytes and `chars` characters of text."""
+        stage = reason.split(".", 1)[0]
         self.rejected[reason] += 1
-        self.rejected_bytes[reason] += record["text_bytes"]
-        self.stage_rejected[reason.split(".", 1)[0]] += 1
-        self.stage_bytes_rejected[reason.split(".", 1)[0]] += record["text_bytes"]
-        self.lengths["rejected"][length_bucket(record["text_chars"])] += 1
+        self.rejected_bytes[reason] += size
+        self.stage_rejected[stage] += 1
+        self.stage_bytes_rejected[stage] += size
+        self.lengths["rejected"][length_bucket(chars)] += 1
 
     @property
     def balanced(self) -> bool:
