@@ -170,27 +170,31 @@ def read_local(path: Path, pool: BufferPool | None = None, mapped: bool = False)
 def map_cached(descriptor: int, size: int) -> np.ndarray | None:
     """The file mapped copy-on-write, every page faulted in by this (prefetch) thread, when the page
     cache holds all of it; None otherwise, and the caller reads it. Mapping skips the copy that
-    dominates reading at long sequences: at 64K the loader ran at 1.05-1.11 of `cat` mapped, 0.56-0.78
-    copying, on our 2-core box. A file not (wholly) cached is read instead: faulting it in from disk
-    ran at 0.67 of `cat`, chunked reads at 0.82-0.92. Arrays stay writable (a write copies its page,
+    dominates reading at long sequences: at 64K the loader ran at 1.37 of `cat` mapped, 0.63 copying,
+    on our 2-core box. A file not (wholly) cached is read instead: faulting it in from disk ran at
+    0.67 of `cat`, chunked reads at 0.82-0.92. Arrays stay writable (a write copies its page,
     the file is never changed). The cost: a file truncated in place while mapped (`cp` over it; our
     writer renames, never truncates) kills the process with SIGBUS, where a read would fail cleanly."""
-    mincore = load_mincore()
-    if not size or mincore is None or len(MAPPED) >= MAX_MAPPED:
+    if not size or load_mincore() is None or len(MAPPED) >= MAX_MAPPED:
         return None
     try:
         mapping = mmap.mmap(descriptor, size, access=mmap.ACCESS_COPY)
     except OSError:  # a file system that cannot map (some FUSE mounts): read it
         return None
     array = np.frombuffer(mapping, dtype=np.uint8)
-    pages = np.empty(-(-size // PAGE), dtype=np.uint8)
-    if mincore(array.ctypes.data, size, pages.ctypes.data) != 0 or not (pages & 1).all():
+    if not in_memory(array):
         del array
         mapping.close()
         return None
     array[::PAGE].max()  # fault every page in here, not in the trainer's thread (numpy drops the GIL meanwhile)
     MAPPED.add(mapping)
     return array
+
+
+def in_memory(array: np.ndarray) -> bool:
+    """Whether every page of a mapped array is in memory (mincore; needs load_mincore())."""
+    pages = np.empty(-(-len(array) // mmap.PAGESIZE), dtype=np.uint8)  # one byte a page of the system's size
+    return load_mincore()(array.ctypes.data, len(array), pages.ctypes.data) == 0 and bool((pages & 1).all())
 
 
 @cache
