@@ -180,7 +180,7 @@ def make_sample(key: str, corpus: Corpus, plan: PackPlan, b: int, seq_len: int, 
         "doc_lens": np.array(doc_lens, dtype=np.int32),
         "doc_ids": doc_ids,
         "doc_offsets": doc_offsets,
-        "loss_mask": loss_mask(tokens, ids.media_begin, ids.media_end, num_pad),
+        "loss_mask": loss_mask(seq_len, spans, num_pad),  # the spans the loop placed: no re-scan of the tokens
         "media_spans": spans,
         "images": images,
         "seq_len": seq_len,

@@ -17,13 +17,14 @@ def media_spans(tokens: np.ndarray, begin_id: int, end_id: int) -> list[tuple[in
     return [(int(b), int(e) + 1) for b, e in zip(begins, ends)]
 
 
-def loss_mask(tokens: np.ndarray, begin_id: int, end_id: int, num_pad: int = 0) -> np.ndarray:
-    """uint8, 1 where the next-token loss applies: 0 inside media spans and on trailing padding."""
-    mask = np.ones(len(tokens), dtype=np.uint8)
-    for start, stop in media_spans(tokens, begin_id, end_id):
+def loss_mask(length: int, spans: list, num_pad: int = 0) -> np.ndarray:
+    """uint8 [length], 1 where the next-token loss applies: 0 on the media spans ((start, stop),
+    stop exclusive) and on the trailing num_pad padding tokens."""
+    mask = np.ones(length, dtype=np.uint8)
+    for start, stop in spans:
         mask[start:stop] = 0
     if num_pad:
-        mask[len(tokens) - num_pad :] = 0
+        mask[length - num_pad :] = 0
     return mask
 
 
