@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from datapipe.tarsamples import ShardError
+from datapipe.shardindex import ShardError
 
 PAGE = 4096
 # Bytes a read() asks for. From disk, the kernel's readahead runs ahead of sequential reads of

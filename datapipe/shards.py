@@ -37,7 +37,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from datapipe.schema import PackedSample
-from datapipe.tarsamples import INDEX_FORMAT, iter_samples
+from datapipe.shardindex import INDEX_FORMAT
+from datapipe.tarsamples import iter_samples
 
 MANIFEST = "manifest.json"
 RUN_MANIFEST = "run.json"
@@ -136,7 +137,7 @@ class ShardWriter:
 
 def write_index(folder: Path, shard: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     """`shard-N.index.json` beside the shard: its samples' keys and, per member suffix, the sample
-    numbers, data offsets and sizes, so the loader never walks tar headers (datapipe.tarsamples),
+    numbers, data offsets and sizes, so the loader never walks tar headers (datapipe.shardindex),
     and the layout of each .npy column whose members share one, so it reads none of their headers.
     It names the shard's size and sha256, so it never passes for another shard's; returns its
     manifest entry."""

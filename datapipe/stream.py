@@ -37,17 +37,9 @@ from typing import Any, NamedTuple
 from datapipe import fetch
 from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, window_order, windows
 from datapipe.schema import PackedSample
+from datapipe.shardindex import ShardError, ShardIndex, parse_index, walk_index
 from datapipe.shards import MANIFEST, RUN_MANIFEST, finish_samples, span_positions
-from datapipe.tarsamples import (
-    BadSample,
-    ShardError,
-    ShardIndex,
-    SpanPlan,
-    decode_samples,
-    parse_index,
-    plan_span,
-    walk_index,
-)
+from datapipe.tarsamples import BadSample, SpanPlan, decode_samples, plan_span
 
 log = logging.getLogger(__name__)
 ON_ERROR = ("raise", "skip")

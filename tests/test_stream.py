@@ -13,9 +13,9 @@ from itertools import islice
 import numpy as np
 import pytest
 
+from datapipe.shardindex import ShardError
 from datapipe.shards import read_manifest, read_shards, write_run_manifest
 from datapipe.stream import Stream, stream
-from datapipe.tarsamples import ShardError
 from tests.test_shards import write_run
 
 
