@@ -234,8 +234,9 @@ def download(url: str) -> bytearray:
     except FileNotFoundError:
         raise ShardError(f"{url}: shard listed in the manifest is missing on the server; "
                          "upload the whole stage folder, or read with on_error='skip'") from None
-    except OSError as err:
-        raise ShardError(f"{url}: download failed ({err}); retry, or read with on_error='skip'") from err
+    except Exception as err:  # noqa: BLE001 - fsspec back ends raise their own types (aiohttp's for HTTP 5xx)
+        raise ShardError(f"{url}: download failed ({type(err).__name__}: {err}); retry, "
+                         "or read with on_error='skip'") from err
 
 
 def checked(buffer, location: str, shard: dict[str, Any], verify: bool):
@@ -256,6 +257,8 @@ def cache_name(url: str) -> str:
 
 def write_cache(path: Path, buffer) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several DataLoader workers may race
+    # unique per process and thread: DataLoader workers, and two prefetch threads of one loader
+    # fetching the same shard (a stage read twice in one epoch), may write it at once
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     temporary.write_bytes(buffer)
     os.replace(temporary, path)

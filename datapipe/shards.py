@@ -37,8 +37,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from datapipe.schema import PackedSample
-from datapipe.shardindex import INDEX_FORMAT
-from datapipe.tarsamples import iter_samples
+from datapipe.shardindex import INDEX_FORMAT, ShardError
+from datapipe.tarsamples import BadSample, iter_samples
 
 MANIFEST = "manifest.json"
 RUN_MANIFEST = "run.json"
@@ -202,11 +202,12 @@ def finish_sample(sample: dict[str, Any], with_positions: bool = True) -> Packed
 
 
 def finish_samples(samples: list, with_positions: bool = True, buffers: Any = None,
-                   positions: np.ndarray | None = None) -> None:
+                   positions: np.ndarray | None = None, shard: str = "a shard") -> None:
     """finish_sample for a list of decoded samples (other items in it are left alone). Position
     ids: row i of `positions` (span_positions') for samples[i] when every sample's seq_len is its
     width, otherwise all derived here at once (add_position_ids), into memory from `buffers` (a
-    datapipe.fetch.BufferPool) when given."""
+    datapipe.fetch.BufferPool) when given. A sample whose doc_lens cannot be its pieces (damage:
+    negative, or more than seq_len in all) becomes a BadSample of `shard`."""
     decoded = [finish_sample(sample, with_positions=False) for sample in samples if sample.__class__ is dict]
     if not with_positions or not decoded:
         return
@@ -215,7 +216,18 @@ def finish_samples(samples: list, with_positions: bool = True, buffers: Any = No
             if sample.__class__ is dict:
                 sample["position_ids"] = row
         return
-    add_position_ids([s for s in decoded if "doc_lens" in s and "seq_len" in s], buffers)
+    for number, sample in enumerate(samples):
+        if sample.__class__ is dict and "doc_lens" in sample and "seq_len" in sample and not pieces_fit(sample):
+            samples[number] = BadSample(shard, ShardError(
+                f"{shard}: sample {sample['key']}: doc_lens {sample['doc_lens'].tolist()} are not pieces of "
+                f"seq_len {sample['seq_len']}; check it with verify=True, rewrite it, or read with on_error='skip'"))
+    add_position_ids([s for s in samples if s.__class__ is dict and "doc_lens" in s and "seq_len" in s], buffers)
+
+
+def pieces_fit(sample: dict[str, Any]) -> bool:
+    lens = np.asarray(sample["doc_lens"])
+    return lens.ndim == 1 and lens.dtype.kind in "iu" and lens.min(initial=0) >= 0 and \
+        int(lens.sum(dtype=np.int64)) <= sample["seq_len"]
 
 
 def add_position_ids(samples: list[dict[str, Any]], buffers: Any = None) -> None:

@@ -99,7 +99,10 @@ class Stream:
     def __iter__(self) -> Iterator[PackedSample]:
         yield from self.iterate_epoch()
         while self.options.loop:
-            yield from self.iterate_epoch()
+            if not (yield from counted(self.iterate_epoch())):  # else it would spin through empty epochs forever
+                log.warning("loop=True: a whole epoch yielded no sample (an empty share of the data for this rank "
+                            "and worker, or every shard skipped); stopping")
+                return
 
     def __len__(self) -> int:
         """Samples this (rank, worker) yields per epoch (before any skipped shard)."""
@@ -231,7 +234,7 @@ class Stream:
         try:
             loaded = future.result()
             samples = decode_samples(loaded.buffer, loaded.plan, location)
-            finish_samples(samples, self.options.position_ids, self.position_buffers, loaded.positions)
+            finish_samples(samples, self.options.position_ids, self.position_buffers, loaded.positions, location)
             produced = len(samples)
             yield samples
             if loaded.index.error is not None:
@@ -261,6 +264,14 @@ def shards_per_window(stages: list[Stage], options: StreamOptions) -> int:
         return 0
     smallest = min(shard["samples"] for stage in stages for shard in stage.shards)
     return min(64, -(-options.buffer // max(1, smallest)) + 1)
+
+
+def counted(samples: Iterator[PackedSample]) -> Iterator[PackedSample]:
+    """`samples` passed through; returns how many there were (for `yield from`)."""
+    count = 0
+    for count, sample in enumerate(samples, 1):  # noqa: B007 - the count is the return value
+        yield sample
+    return count
 
 
 def run_now(function, *args) -> Future:

@@ -144,7 +144,8 @@ def array_column(array: np.ndarray, name: str, numbers: np.ndarray, offsets: np.
         parsed = {header: npy_header(header) for header in dict.fromkeys(headers)} if headers else {}
     except DECODE_ERRORS:
         return None
-    if not parsed or len({(dtype, len(shape)) for dtype, shape, *_ in parsed.values()} | {(None, 1)}) != 2:
+    kinds = {(dtype, len(shape)) for dtype, shape, *_ in parsed.values()}
+    if len(kinds) != 1 or next(iter(kinds))[1] != 1:
         return None  # no headers, several dtypes, or an array that is not 1-D
     dtype, width = next(iter(parsed.values()))[0], len(headers[0])
     counts = np.array([parsed[header][3] for header in headers], dtype=np.int64)

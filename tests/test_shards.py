@@ -215,3 +215,22 @@ def test_position_ids_restart_per_piece_and_padding():
         derived = derive_position_ids(lens, int(lens.sum()) + pad)
         expected = [i for n in [*lens.tolist(), pad] for i in range(n)]  # plain Python: one run per piece
         assert derived.dtype == np.int32 and derived.tolist() == expected
+
+
+@pytest.mark.parametrize("shape", [(2, 3), ()])
+def test_arrays_that_are_not_1d_keep_their_shape(tmp_path, shape):
+    import io
+    import tarfile
+
+    from datapipe.tarsamples import iter_samples
+
+    path, arrays = tmp_path / "x.tar", [np.arange(np.prod(shape), dtype=np.int32).reshape(shape) + i for i in range(3)]
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, array in enumerate(arrays):  # one header for all three: the column's fast path is tried
+            data = io.BytesIO()
+            np.save(data, array)  # another tool's writer: shape kept (ours writes 1-D arrays only)
+            info, data = tarfile.TarInfo(f"k{i}.grid.npy"), data.getvalue()
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    got = [sample["grid"] for sample in iter_samples(path.read_bytes(), str(path))]
+    assert [g.shape for g in got] == [shape] * 3 and all(np.array_equal(g, a) for g, a in zip(got, arrays))

@@ -558,3 +558,41 @@ def test_a_protocol_without_its_package_says_what_to_install():
         pass
     with pytest.raises(ImportError, match="pip install s3fs"):
         stream("s3://bucket/run")
+
+
+def test_damaged_doc_lens_fail_only_their_sample(stage_copy):
+    index = json.loads((stage_copy / "shard-000002.index.json").read_text())
+    numbers, offsets, _ = index["members"]["doc_lens.npy"]
+    bad_key = index["keys"][numbers[1]]
+    header = index["arrays"]["doc_lens.npy"]["header"]
+    damage(stage_copy / "shard-000002.tar", offsets[1] + header, np.int32(10**6).tobytes())  # same size
+    with pytest.raises(ShardError, match=rf"shard-000002\.tar: sample {bad_key}: doc_lens .* are not pieces"):
+        list(stream(stage_copy))
+    assert keys(stream(stage_copy, on_error="skip")) == [key for key in json_keys(stage_copy) if key != bad_key]
+
+
+def test_loop_over_an_empty_share_ends_instead_of_spinning(stage):
+    samples = read_manifest(stage)["samples"]
+    loader = Stream(stage, world_size=samples, rank=0, worker=0, num_workers=2, loop=True)  # one sample: worker 1 has it
+    assert len(loader) == 0 and list(loader) == []
+
+
+def test_cache_writes_of_one_shard_from_two_threads_do_not_collide(tmp_path):
+    from datapipe.fetch import write_cache
+
+    target = tmp_path / "cache" / "shard.tar"
+    errors = []
+
+    def write(payload):
+        try:
+            for _ in range(200):
+                write_cache(target, payload)
+        except OSError as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(bytes([i]) * 4096,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and target.read_bytes() in (b"\x00" * 4096, b"\x01" * 4096)
