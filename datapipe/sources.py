@@ -8,11 +8,13 @@ skipped.
 """
 from __future__ import annotations
 
+import codecs
 import datetime
 import glob
 import gzip
 import io
 import json
+import re
 import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -26,6 +28,7 @@ from datapipe.schema import Document, new_document, new_reject
 # Errors a decompressor raises on a damaged stream (gzip: BadGzipFile is an OSError, a
 # truncated member is an EOFError); anything else is a bug and surfaces.
 CORRUPT_STREAM_ERRORS = (EOFError, OSError, zlib.error, zstandard.ZstdError)
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only such escapes can make a lone surrogate
 GENERATOR_CHUNK = 500  # generator indices per work item (one Ray task each)
 
 
@@ -74,8 +77,49 @@ def open_binary(path: Path) -> BinaryIO:
     if path.suffix == ".gz":
         return gzip.open(path, "rb")
     if path.suffix in (".zst", ".zstd"):
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
+        return io.BufferedReader(ZstdFrames(open(path, "rb")))
     return open(path, "rb")
+
+
+class ZstdFrames(io.RawIOBase):
+    """Decompresses every zstd frame of a file in turn; a frame cut short raises ZstdError.
+
+    zstandard's stream_reader reports a cut frame as a clean end of file, losing the rest silently.
+    """
+
+    CHUNK = 1 << 16
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._obj = zstandard.ZstdDecompressor().decompressobj()
+        self._in_frame = False  # bytes fed to the current frame that did not complete it yet
+        self._pending = bytearray()  # deleting from its front is cheap (CPython moves a start offset)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            chunk = self._raw.read(self.CHUNK)
+            if not chunk:
+                if self._in_frame:
+                    raise zstandard.ZstdError("truncated zstd file: the last frame is incomplete")
+                return 0
+            while chunk:
+                self._pending += self._obj.decompress(chunk)
+                self._in_frame = not self._obj.eof
+                chunk = b""
+                if self._obj.eof:  # a frame ended: the bytes after it start the next one
+                    chunk = self._obj.unused_data
+                    self._obj = zstandard.ZstdDecompressor().decompressobj()
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        del self._pending[:size]
+        return size
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def read_jsonl(cfg: Any, path: str) -> Iterator[Document]:
@@ -83,6 +127,8 @@ def read_jsonl(cfg: Any, path: str) -> Iterator[Document]:
     try:
         with open_binary(Path(path)) as stream:
             for lineno, line in enumerate(stream, start=1):
+                if lineno == 1 and line.startswith(codecs.BOM_UTF8):
+                    line = line[len(codecs.BOM_UTF8):]  # a UTF-8 byte order mark is no part of the first record
                 if line.strip():
                     yield parse_json_line(cfg, line, f"{path}:{lineno}")
     except FileNotFoundError as err:
@@ -100,10 +146,16 @@ def parse_json_line(cfg: Any, line: bytes, source_id: str) -> Document:
         return new_reject(cfg.name, source_id, "read.invalid_utf8", line.decode("utf-8", "replace"))
     try:
         row = json.loads(text)
-    except json.JSONDecodeError as err:
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, an int over 4300 digits, deep nesting
         return new_reject(cfg.name, source_id, "read.bad_json", f"{err}: {text}")
     if not isinstance(row, dict):
         return new_reject(cfg.name, source_id, "read.not_an_object", text)
+    try:  # a "\ud800" escape is valid JSON but no valid UTF-8: Arrow would fail on it later
+        if SURROGATE_ESCAPE.search(text):
+            json.dumps(row, default=str, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        return new_reject(cfg.name, source_id, "read.invalid_utf8",
+                          f"lone surrogate escape in a string (not encodable as UTF-8): {err}: {text}")
     return document_from_row(cfg, row, source_id)
 
 

@@ -114,3 +114,41 @@ def test_pydoc_topics_are_real_documents():
     assert all(d["text"] == topics[d["source_id"]] and len(d["text"]) > 100 for d in docs)
     assert [d["source_id"] for d in pydoc_topics(source(type="pydoc_topics", name="pydoc"), 0, 10, 20)] == \
         sorted(topics)[10:20]  # a task's range gives exactly its slice
+
+
+def test_json_too_deep_or_too_long_an_int_is_bad_json(tmp_path):
+    path = write_jsonl(tmp_path / "odd.jsonl", GOOD[:1], [b"[" * 100_000 + b"]" * 100_000,
+                                                          b'{"text": "big", "n": ' + b"9" * 5000 + b"}"])
+    docs = list(read_jsonl(source(), str(path)))
+    assert [d["reject"] for d in docs] == ["", "read.bad_json", "read.bad_json"]
+
+
+def test_lone_surrogate_escape_is_invalid_utf8(tmp_path):
+    path = write_jsonl(tmp_path / "s.jsonl", GOOD[:1], [b'{"text": "half \\ud800 pair"}', b'{"text": "ok", "k": "\\udfff"}'])
+    docs = list(read_jsonl(source(), str(path)))
+    assert [d["reject"] for d in docs] == ["", "read.invalid_utf8", "read.invalid_utf8"]
+    assert "surrogate" in docs[1]["text"]
+
+
+def test_truncated_zstd_keeps_records_before_the_cut_and_rejects(tmp_path):
+    compressor = zstandard.ZstdCompressor()
+    second = compressor.compress(b'{"text": "frame two"}\n' * 50)
+    path = tmp_path / "cut.jsonl.zst"
+    path.write_bytes(compressor.compress(b'{"text": "frame one"}\n' * 3) + second[: len(second) // 2])
+    docs = list(read_jsonl(source(), str(path)))
+    assert [d["text"] for d in docs[:3]] == ["frame one"] * 3 and all(not d["reject"] for d in docs[:-1])
+    assert docs[-1]["reject"] == "read.corrupt_file"
+
+
+def test_zstd_reads_every_frame(tmp_path):
+    compressor = zstandard.ZstdCompressor()
+    path = tmp_path / "frames.jsonl.zst"
+    path.write_bytes(compressor.compress(b'{"text": "one"}\n') + compressor.compress(b'{"text": "two"}\n'))
+    assert [d["text"] for d in read_jsonl(source(), str(path))] == ["one", "two"]
+
+
+def test_utf8_bom_before_the_first_record_is_skipped(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n')
+    docs = list(read_jsonl(source(), str(path)))
+    assert [(d["reject"], d["text"]) for d in docs] == [("", "first"), ("", "second")]
