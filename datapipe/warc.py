@@ -37,6 +37,7 @@ LZ4_MAGIC = b"\x04\x22\x4d\x18"
 # (URLs may hold spaces, so the four last fields are the anchor).
 RECORD_START = re.compile(rb"(?:^|\n)(WARC/\d|filedesc://|[a-z][a-z0-9+.-]*:[^\n]*? \S+ \d{12,18} \S+ -?\d+\r?\n)")
 LEADING_SPACE = re.compile(rb"[\r\n\x00 \t]*")  # between records; matched in place, not copied
+HEX_SIZE = re.compile(rb"[0-9A-Fa-f]+")  # a chunk size line of chunked transfer encoding
 HTML_TYPES = ("text/html", "application/xhtml+xml", "application/xml", "text/xml")
 DOCUMENT_TYPES = {"response", "resource", "conversion", "arc"}
 
@@ -62,8 +63,8 @@ def read_warc(cfg: Any, path: str) -> Iterator[Document]:
                 yield doc
     except FileNotFoundError as err:
         yield new_reject(cfg.name, path, "read.missing_file", str(err))
-    except PermissionError as err:
-        yield new_reject(cfg.name, path, "read.unreadable_file", str(err))
+    except OSError as err:  # PermissionError, IsADirectoryError (a glob that matched a folder)...
+        yield new_reject(cfg.name, path, "read.unreadable_file", f"{type(err).__name__}: {err}")
 
 
 def iter_records(path: Path) -> Iterator[Record]:
@@ -256,7 +257,7 @@ def parse_header_lines(lines: list[bytes]) -> dict[str, str]:
 
 def parse_length(value: str) -> int | None:
     value = value.strip()
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() else None  # "²".isdigit() is True
 
 
 def record_to_document(cfg: Any, path: str, record: Record) -> Document | None:
@@ -327,10 +328,9 @@ def dechunk(body: bytes) -> bytes:
     while True:
         line_end = body.find(b"\n", pos)
         size_text = body[pos:line_end].split(b";")[0].strip() if line_end >= 0 else b""
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise ValueError(f"bad chunked transfer encoding at byte {pos}: {body[pos:pos + 40]!r}") from None
+        if not HEX_SIZE.fullmatch(size_text):  # int(x, 16) takes "-5", "+5", "0x5", "5_0": a -5 loops forever
+            raise ValueError(f"bad chunked transfer encoding at byte {pos}: {body[pos:pos + 40]!r}")
+        size = int(size_text, 16)
         if size == 0:
             return bytes(out)
         if line_end + 1 + size > len(body):

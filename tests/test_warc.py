@@ -99,6 +99,24 @@ def test_chunked_body_is_joined_and_bad_chunking_rejected(tmp_path):
     assert docs[0]["text"] == body.decode() and docs[1]["reject"] == "read.warc_bad_http"
 
 
+def test_chunk_sizes_other_than_hex_digits_are_rejected(tmp_path):
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n\r\n"
+    sizes = [b"-0", b"+5", b"0x5", b"-5"]  # int(x, 16) takes them all; "-5" used to loop forever, so it comes last
+    records = [warc_record(head + size + b"\r\n<html>page</html>\r\n0\r\n\r\n", f"http://e.com/{i}")
+               for i, size in enumerate(sizes)]
+    (tmp_path / "n.warc").write_bytes(b"".join(records[:3]))
+    assert [d["reject"] for d in read(tmp_path / "n.warc")] == ["read.warc_bad_http"] * 3
+    (tmp_path / "n.warc").write_bytes(records[3] + pages(1)[0])
+    assert [d["reject"] for d in read(tmp_path / "n.warc")] == ["read.warc_bad_http", ""]
+
+
+def test_non_ascii_digit_content_length_is_a_malformed_header(tmp_path):
+    good = pages(2)
+    bad = "WARC/1.0\r\nWARC-Type: response\r\nContent-Length: ²\r\n\r\n<html>x</html>\r\n\r\n".encode()
+    (tmp_path / "u.warc").write_bytes(good[0] + bad + good[1])
+    assert [d["reject"] for d in read(tmp_path / "u.warc")] == ["", "read.warc_malformed_header", ""]
+
+
 def test_wet_and_arc_records(tmp_path):
     (tmp_path / "x.wet").write_bytes(warc_record(b"Plain extracted text.", "http://e.com/", kind="conversion"))
     wet = read(tmp_path / "x.wet")
@@ -114,6 +132,11 @@ def test_wet_and_arc_records(tmp_path):
 
 def test_missing_file_is_one_reject(tmp_path):
     assert [d["reject"] for d in read(tmp_path / "nope.warc.gz")] == ["read.missing_file"]
+
+
+def test_folder_given_as_archive_is_one_reject(tmp_path):
+    (tmp_path / "dir.warc").mkdir()  # what a glob like data/*.warc matches when a folder has that name
+    assert [d["reject"] for d in read(tmp_path / "dir.warc")] == ["read.unreadable_file"]
 
 
 @pytest.mark.parametrize("charset,text", [
@@ -141,6 +164,13 @@ def test_undeclared_charsets_are_detected(charset, text):
 def test_wrong_declaration_falls_back_to_utf8():
     decoded, how = decode_html('<meta charset="iso-8859-1"><p>日本</p>'.encode().replace(b"iso-8859-1", b"shift_jis"))
     assert "日本" in decoded and how == "utf-8 (declared shift_jis)"
+
+
+@pytest.mark.parametrize("charset", ["idna", "punycode"])
+def test_declared_codec_that_refuses_replace_falls_back_to_utf8(charset):
+    html = f'<html><head><meta charset="{charset}"></head><body>'.encode() + b"\x81\x8d\x90\x9d\xff text</body></html>"
+    decoded, how = decode_html(html)
+    assert "text" in decoded and how == "replaced:utf-8"
 
 
 def test_read_html_reads_gzip_pages(tmp_path):

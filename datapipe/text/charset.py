@@ -50,7 +50,10 @@ def decode_html(data: bytes, content_type: str = "") -> tuple[str, str]:
     if text is not None:
         return text, f"detected:{detected}"
     fallback = codec_name(declared) or detected or "utf-8"
-    return data.decode(fallback, "replace"), f"replaced:{fallback}"
+    try:
+        return data.decode(fallback, "replace"), f"replaced:{fallback}"
+    except (UnicodeError, LookupError):  # idna, punycode...: text codecs that refuse "replace"
+        return data.decode("utf-8", "replace"), "replaced:utf-8"
 
 
 def declared_charset(data: bytes, content_type: str) -> str:
@@ -81,7 +84,7 @@ def try_decode(data: bytes, codec: str) -> str | None:
         return None
     try:
         return data.decode(codec)
-    except (UnicodeDecodeError, LookupError):
+    except (UnicodeError, LookupError):
         return None
 
 
