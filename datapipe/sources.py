@@ -29,6 +29,10 @@ from datapipe.schema import Document, new_document, new_reject
 # truncated member is an EOFError); anything else is a bug and surfaces.
 CORRUPT_STREAM_ERRORS = (EOFError, OSError, zlib.error, zstandard.ZstdError)
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only such escapes can make a lone surrogate
+# meta keys the runner and run stats read back: a row's own column of that name is kept as
+# source_<name> (a "language" dict or a "bytes_in" number crashed the stats; "derived_from"
+# made an input record count as created)
+PIPELINE_META = ("transforms", "bytes_in", "language", "derived_from", "pii", "error")
 GENERATOR_CHUNK = 500  # generator indices per work item (one Ray task each)
 
 
@@ -171,7 +175,7 @@ def document_from_row(cfg: Any, row: dict[str, Any], source_id: str) -> Document
         return new_reject(cfg.name, source_id, "read.empty_text", raw)
     if cfg.id_field and row.get(cfg.id_field) not in (None, ""):
         source_id = str(row[cfg.id_field])
-    fields = {k: jsonable(v) for k, v in row.items() if k not in (cfg.text_field, "transforms")}
+    fields = {(f"source_{k}" if k in PIPELINE_META else k): jsonable(v) for k, v in row.items() if k != cfg.text_field}
     doc = new_document(cfg.name, source_id, text, kind=cfg.kind)
     doc["meta"].update(fields)  # not as keywords: a row may have a "source" or "kind" column of its own
     return doc
