@@ -40,6 +40,7 @@ from datapipe.shards import ShardWriter, read_manifest, read_shards
 from datapipe.stream import stream
 
 BATCH = 8
+ARRAYS = ("tokens", "loss_mask", "doc_lens")  # what a trainer feeds the model: no json header (doc ids)
 
 
 def make_samples(seq_len: int, n_samples: int, seed: int = 0) -> list[dict]:
@@ -118,6 +119,18 @@ def consume(samples, key: str, seq_len: int) -> int:
     return count
 
 
+def consume_batches(batches, key: str, seq_len: int) -> int:
+    """The trainer's side of a batched loader (batch_size=BATCH): [BATCH, seq_len] token arrays."""
+    count, checksum = 0, 0
+    for batch in batches:
+        tokens = batch[key]
+        if tokens.shape[1] != seq_len:
+            raise RuntimeError(f"a batch of {tokens.shape} tokens, expected rows of {seq_len}")
+        checksum += int(tokens[-1, -1])
+        count += len(tokens)
+    return count
+
+
 def drop_from_page_cache(paths: list[str]) -> None:
     """The next read of these files comes from disk (a no-op on a file system in memory, such as tmpfs)."""
     for path in paths:
@@ -143,9 +156,9 @@ def time_raw(paths: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def time_loader(make, key: str, seq_len: int, expected: int) -> float:
+def time_loader(make, key: str, seq_len: int, expected: int, eat=consume) -> float:
     start = time.perf_counter()
-    count = consume(make(), key, seq_len)
+    count = eat(make(), key, seq_len)
     elapsed = time.perf_counter() - start
     if count != expected:
         raise RuntimeError(f"a loader yielded {count} samples, expected {expected}")
@@ -194,6 +207,10 @@ def main() -> None:
         "ours_positions": lambda: time_loader(lambda: stream(stage), "tokens", seq_len, n),
         "ours_shuffled": lambda: time_loader(lambda: stream(stage, shuffle=True, seed=0, position_ids=False),
                                              "tokens", seq_len, n),
+        "ours_batched": lambda: time_loader(lambda: stream(stage, position_ids=False, batch_size=BATCH), "tokens",
+                                            seq_len, n, consume_batches),
+        "ours_batched_arrays": lambda: time_loader(lambda: stream(stage, position_ids=False, batch_size=BATCH,
+                                                                  fields=ARRAYS), "tokens", seq_len, n, consume_batches),
         "ours_walk": lambda: time_loader(lambda: stream(walk, position_ids=False), "tokens", seq_len, n),
         "webdataset": lambda: time_loader(lambda: wds.WebDataset(paths, shardshuffle=False).decode(), "tokens.npy",
                                           seq_len, n),

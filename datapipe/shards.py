@@ -5,6 +5,12 @@ A sample is tar members sharing a key: `<key>.tokens.npy` (uint32, seq_len),
 (doc_ids, doc_offsets, seq_len, num_pad, media_spans) and one `<key>.<i>.png` per media span, in
 span order. Position ids are not stored: read_shard derives them from doc_lens. Members
 carry fixed mtime, owner and mode, so the same samples give byte-identical shards.
+Each json header is padded with spaces (which JSON ignores) to fill its last tar block, and
+up to the block count that the stage's samples have needed so far for doc_lens and json
+together (stride_blocks): every text sample of a stage then takes the same bytes, so the
+loader sees an array column as one strided 2-D view (datapipe.batches). Filling the block
+costs nothing (tar pads it anyway); the rest is capped at a quarter of a sample's
+tokens and loss mask, so one odd sample with a huge header does not pad all after it.
 A shard closes at `samples_per_shard` samples or, when set, once it holds `max_bytes`
 (a target: the sample that crosses it stays, so no sample is ever split). It is written
 under a temporary name and renamed when complete, and `manifest.json` (every shard's
@@ -60,6 +66,7 @@ class ShardWriter:
         self.current: dict[str, Any] = {}
         self.index: dict[str, Any] = {}  # the open shard's keys and member places (write_index)
         self.manifest: dict[str, Any] | None = None
+        self.stride_blocks = 0  # tar blocks of doc_lens and json together that samples are padded to
 
     def write(self, sample: PackedSample) -> None:
         if self.tar is None:
@@ -72,7 +79,7 @@ class ShardWriter:
         fields = {"doc_ids": sample["doc_ids"], "seq_len": sample["seq_len"], "num_pad": sample["num_pad"],
                   "doc_offsets": sample.get("doc_offsets", [0] * len(sample["doc_ids"])),
                   "media_spans": sample.get("media_spans", [])}
-        self.add(sample["key"], "json", json.dumps(fields, sort_keys=True).encode())
+        self.add(sample["key"], "json", self.padded_header(json.dumps(fields, sort_keys=True).encode(), sample))
         for i, image in enumerate(sample.get("images", [])):
             self.add(sample["key"], f"{i}.png", image)
         self.current["samples"] += 1
@@ -80,12 +87,23 @@ class ShardWriter:
         if self.current["samples"] >= self.samples_per_shard or self.tar.offset >= (self.max_bytes or 1 << 62):
             self.close_shard()
 
+    def padded_header(self, header: bytes, sample: PackedSample) -> bytes:
+        """The json header with trailing spaces up to the blocks it and doc_lens share with the
+        stage's other samples (see the module docstring)."""
+        lens_blocks = blocks(self.index["members"]["doc_lens.npy"][2][-1])
+        needed = lens_blocks + blocks(len(header))
+        fixed = np.asarray(sample["tokens"]).nbytes + np.asarray(sample.get("loss_mask", [])).nbytes
+        if needed > self.stride_blocks and needed * tarfile.BLOCKSIZE * 4 <= fixed:
+            self.stride_blocks = needed
+        size = max(needed, self.stride_blocks) - lens_blocks
+        return header.ljust(size * tarfile.BLOCKSIZE, b" ")
+
     def add(self, key: str, suffix: str, data: bytes) -> None:
         """One member, and its place in the shard's index (tarfile pads the data to the next block)."""
         add_member(self.tar, f"{key}.{suffix}", data)
         numbers, offsets, sizes = self.index["members"].setdefault(suffix, ([], [], []))
         numbers.append(self.current["samples"])
-        offsets.append(self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE)
+        offsets.append(self.tar.offset - blocks(len(data)) * tarfile.BLOCKSIZE)
         sizes.append(len(data))
 
     def add_array(self, key: str, suffix: str, array: np.ndarray) -> None:
@@ -211,7 +229,8 @@ def finish_samples(samples: list, with_positions: bool = True, buffers: Any = No
     decoded = [finish_sample(sample, with_positions=False) for sample in samples if sample.__class__ is dict]
     if not with_positions or not decoded:
         return
-    if positions is not None and all(s.get("seq_len") == positions.shape[1] and "doc_lens" in s for s in decoded):
+    width = None if positions is None else positions.shape[1]  # a sample without its json header: the tokens'
+    if width is not None and all(s.get("seq_len", width) == width and "doc_lens" in s for s in decoded):
         for sample, row in zip(samples, positions):
             if sample.__class__ is dict:
                 sample["position_ids"] = row
@@ -308,6 +327,10 @@ def int32_range(n: int) -> np.ndarray:
     positions = np.arange(n, dtype=np.int32)
     positions.flags.writeable = False  # shared by every call: nobody may write into it
     return positions
+
+
+def blocks(size: int) -> int:
+    return -(-size // tarfile.BLOCKSIZE)
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from datapipe import fetch
+from datapipe.batches import Rows, batched, collate, span_rows
 from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, window_order, windows
 from datapipe.schema import PackedSample
 from datapipe.shardindex import ShardError, ShardIndex, parse_index, walk_index
 from datapipe.shards import MANIFEST, RUN_MANIFEST, finish_samples, span_positions
-from datapipe.tarsamples import BadSample, SpanPlan, decode_samples, plan_span
+from datapipe.tarsamples import BadSample, SpanPlan, decode_samples, member_field, plan_span
 
 log = logging.getLogger(__name__)
 ON_ERROR = ("raise", "skip")
@@ -58,6 +59,9 @@ class StreamOptions:
     prefetch: int = 2  # shards read ahead of the one being decoded (shuffled: plus a window), in threads
     position_ids: bool = True  # derive position_ids from doc_lens as read_shard does (~40% of the decode at 8K)
     mmap: bool = True  # map local shards the page cache holds whole (no copy); False: read them (see fetch.map_cached)
+    batch_size: int | None = None  # yield batches of this many samples (datapipe.batches); None: samples one by one
+    drop_last: bool = False  # with batch_size: leave out an epoch's last batch when it is short
+    fields: tuple[str, ...] | None = None  # decode only these members (see member_field); None: all of them
 
 
 class LoadedSpan(NamedTuple):
@@ -67,6 +71,7 @@ class LoadedSpan(NamedTuple):
     index: ShardIndex
     plan: SpanPlan  # the span's members, located and typed
     positions: Any  # the span's position ids (a row per sample), or None: finish_samples derives them
+    rows: Rows | None  # with batch_size, unshuffled: the span as columns (batches.span_rows), or None: decode it
 
 
 class Stream:
@@ -105,8 +110,10 @@ class Stream:
                 return
 
     def __len__(self) -> int:
-        """Samples this (rank, worker) yields per epoch (before any skipped shard)."""
-        return sum(s.length for s in epoch_plan(self.stages, self.place, self.options.seed, 0, False))
+        """Samples (with batch_size: batches) this (rank, worker) yields per epoch, before any skipped shard."""
+        samples = sum(s.length for s in epoch_plan(self.stages, self.place, self.options.seed, 0, False))
+        size = self.options.batch_size
+        return samples if size is None else samples // size if self.options.drop_last else -(-samples // size)
 
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` from its beginning, unless the loader is already inside it (after a resume)."""
@@ -138,7 +145,12 @@ class Stream:
             first = todo[0][0] if options.shuffle else self.position
             spans = self.read_spans(spans_from(segments, first))
             try:
-                yield from self.shuffled(todo, spans) if options.shuffle else self.in_order(spans)
+                if options.batch_size is None:
+                    yield from self.shuffled(todo, spans) if options.shuffle else self.in_order(spans)
+                elif options.shuffle:
+                    yield from self.collated(self.shuffled(todo, spans))
+                else:
+                    yield from self.in_batches(spans)
             finally:
                 spans.close()
         self.epoch, self.position = self.epoch + 1, 0
@@ -164,6 +176,35 @@ class Stream:
                     yield sample
                 elif sample is not None:
                     self.bad_sample(sample)
+
+    def in_batches(self, spans: Iterator[Rows | list]) -> Iterator[dict[str, Any]]:
+        """Batches of consecutive samples: slices of the spans' rows, which the prefetch threads
+        made, or of samples decoded here when a span is not laid out for that."""
+        rows = (item if item.__class__ is Rows else self.rows_of(item) for item in spans)
+        for batch, position in batched(rows, self.options.batch_size, self.options.drop_last, self.position):
+            self.position = position
+            yield batch
+
+    def rows_of(self, samples: list) -> Rows:
+        """Decoded samples as rows: the bad ones raised or left out, as in_order does."""
+        slots = []
+        for slot, sample in enumerate(samples):
+            if sample.__class__ is dict:
+                slots.append(slot)
+            elif sample is not None:
+                self.bad_sample(sample)
+        return Rows(collate([samples[slot] for slot in slots]) if slots else {"key": []}, slots, len(samples))
+
+    def collated(self, samples: Iterator[PackedSample]) -> Iterator[dict[str, Any]]:
+        """Shuffled samples in batches, stacked (a copy: a window's samples lie all over its shards)."""
+        size, batch = self.options.batch_size, []
+        for sample in samples:
+            batch.append(sample)
+            if len(batch) == size:
+                yield collate(batch)
+                batch = []
+        if batch and not self.options.drop_last:
+            yield collate(batch)
 
     def bad_sample(self, sample: BadSample) -> None:
         """A sample with a member that does not decode: raised, or under on_error="skip" left out."""
@@ -211,8 +252,13 @@ class Stream:
         buffer = fetch.load_shard(location, shard, cache, self.options.verify, buffers, self.options.mmap)
         index = self.load_index(stage, shard, location, cache) or walk_index(buffer, location, span.stop)
         plan = plan_span(buffer, index, span.start, span.stop)
-        positions = span_positions(plan, self.position_buffers) if self.options.position_ids else None
-        return LoadedSpan(buffer, index, plan, positions)
+        if self.options.fields is not None:
+            plan.columns = {s: c for s, c in plan.columns.items() if member_field(s) in self.options.fields}
+        options = self.options
+        positions = span_positions(plan, self.position_buffers) if options.position_ids else None
+        rows = span_rows(buffer, plan, options.position_ids, positions) if options.batch_size and not options.shuffle \
+            else None
+        return LoadedSpan(buffer, index, plan, positions, rows)
 
     def load_index(self, stage: Stage, shard: dict[str, Any], location: str, cache: Path | None) -> ShardIndex | None:
         """The shard's index; None, so that its tar headers are walked, when it has none or a bad one
@@ -233,10 +279,14 @@ class Stream:
         produced = 0
         try:
             loaded = future.result()
-            samples = decode_samples(loaded.buffer, loaded.plan, location)
-            finish_samples(samples, self.options.position_ids, self.position_buffers, loaded.positions, location)
-            produced = len(samples)
-            yield samples
+            if loaded.rows is not None:
+                produced = len(loaded.plan.keys)
+                yield loaded.rows
+            else:
+                samples = decode_samples(loaded.buffer, loaded.plan, location)
+                finish_samples(samples, self.options.position_ids, self.position_buffers, loaded.positions, location)
+                produced = len(samples)
+                yield samples
             if loaded.index.error is not None:
                 raise loaded.index.error
             if produced < span.stop - span.start:
@@ -298,6 +348,13 @@ def check_options(options: StreamOptions, place: Placement) -> None:
         raise ValueError(f"buffer {options.buffer}: the shuffle window holds at least 1 sample")
     if options.on_error not in ON_ERROR:
         raise ValueError(f"on_error {options.on_error!r}; allowed: {', '.join(ON_ERROR)}")
+    if options.batch_size is not None and options.batch_size < 1:
+        raise ValueError(f"batch_size {options.batch_size}: a batch holds at least 1 sample (None: no batches)")
+    if isinstance(options.fields, str):
+        raise ValueError(f"fields={options.fields!r}: give a tuple of names, e.g. fields=('tokens', 'loss_mask')")
+    if options.fields is not None and options.position_ids and not {"tokens", "doc_lens"} <= set(options.fields):
+        raise ValueError(f"position_ids come from doc_lens and tokens, which fields={options.fields!r} leaves out: "
+                         "add them, or pass position_ids=False")
 
 
 def load_stages(source: str | Path | list[str | Path]) -> list[Stage]:

@@ -287,6 +287,14 @@ def member_kind(suffix: str) -> tuple[str, str]:
     return "bytes", suffix
 
 
+def member_field(suffix: str) -> str:
+    """The sample field a member fills, as the loader's `fields` option names it: an array's name
+    ("tokens" for k.tokens.npy), "json" for the header whose fields merge into the sample,
+    "images" for k.0.png..., a raw member's suffix."""
+    kind, name = member_kind(suffix)
+    return {"npy": name, "json": "json", "image": "images"}.get(kind, suffix)
+
+
 @lru_cache(maxsize=4096)
 def npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool, int, int]:
     """(dtype, shape, fortran order, element count, data offset) of a whole .npy header, magic included."""

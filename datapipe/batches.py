@@ -1,0 +1,147 @@
+"""Batches of consecutive samples: `datapipe.stream(path, batch_size=8)` yields dicts of B samples.
+
+A batch is its samples collated: an array shaped like the sample's tokens (tokens, loss_mask,
+position_ids) is stacked into [B, seq_len]; every other field is a list of B values (key,
+doc_lens, doc_ids, images...), so a batch's types never depend on its contents.
+
+Stacking copies every token, which costs about what `cat` spends reading them, and the
+per-sample loader spends ~20 us of Python a sample at 8K tokens where `cat` spends 8. So
+where it can the loader does neither: ShardWriter lays the samples of a shard at one stride
+(it pads each json header to a block count the stage's samples share), so an array column
+of a span is one 2-D strided view of the shard's memory (span_rows, in a prefetch thread)
+and a batch inside a shard is a slice of it: no copy, and Python per batch, not per sample
+(bench/stream.py). A batch across two shards, a shuffled batch, and one of a span laid out
+otherwise (images, shards of other writers) are stacked.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import chain
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from datapipe.shardindex import json_loads
+from datapipe.tarsamples import DECODE_ERRORS, ArrayColumn, SpanPlan, as_array
+
+LISTED = ("doc_lens",)  # arrays never stacked, even if as long as the tokens: one entry per document
+
+
+class Rows(NamedTuple):
+    """Samples of one span, column by column, before they are cut into batches."""
+
+    columns: dict[str, Any]  # field -> stacked rows (an array [n, ...]) or a list of n values
+    slots: list[int] | None  # each row's position in the span; None: row i is position i
+    size: int  # positions the span covers: its rows, and samples left out (bad, or of a skipped shard)
+
+    def position_after(self, row: int) -> int:
+        return (row if self.slots is None else self.slots[row]) + 1
+
+
+def span_rows(buffer, plan: SpanPlan, with_positions: bool, positions: np.ndarray | None) -> Rows | None:
+    """A span's rows straight from its plan (datapipe.tarsamples.plan_span), equal to collate() of
+    the samples decode_samples would build: the per-token array columns laid at one stride as 2-D
+    views, the json headers parsed in one call and turned into a list per field. None unless the
+    span is the usual one (every sample has each array and a json header, the headers have one
+    set of fields, every seq_len is the tokens' length, position ids came if asked for): the
+    caller then decodes its samples, which finds what is odd about them."""
+    count, columns = len(plan.keys), plan.columns
+    if with_positions and positions is None:
+        return None
+    arrays = [c for c in columns.values() if c.__class__ is ArrayColumn and len(c.numbers) == count]
+    json = columns.get("json")
+    if not count or len(arrays) + (json is not None) != len(columns) or (json is not None and len(json[0]) != count):
+        return None
+    rows: dict[str, Any] = {"key": plan.keys, "images": [[] for _ in plan.keys]}
+    width = next((int(c.counts[0]) for c in arrays if c.name == "tokens" and (c.counts == c.counts[0]).all()), None)
+    for column in arrays:
+        per_token = width is not None and column.name not in LISTED and (column.counts == width).all()
+        rows[column.name] = strided(column, width) if per_token else column.views()
+    fields = json_fields(as_array(buffer), json, rows) if json is not None else {}
+    if fields is None or fields.get("seq_len", [width] * count).count(width) != count:
+        return None
+    rows.update(fields)
+    rows.setdefault("media_spans", [[] for _ in plan.keys])
+    if positions is not None:
+        rows["position_ids"] = positions
+    return Rows(rows, None, count)
+
+
+def strided(column: ArrayColumn, width: int) -> np.ndarray:
+    """The column's arrays (each `width` long) as rows of one array: a view of the shard when
+    they lie at one stride, as our writer lays them; stacked (a copy) otherwise."""
+    starts = column.starts
+    step = int(starts[1] - starts[0]) if len(starts) > 1 else width
+    if step >= width and (len(starts) < 3 or (np.diff(starts) == step).all()):
+        typed = column.typed
+        return np.lib.stride_tricks.as_strided(typed[int(starts[0]):], shape=(len(starts), width),
+                                               strides=(step * typed.itemsize, typed.itemsize))
+    return np.stack(column.views())
+
+
+def json_fields(array: np.ndarray, json: tuple, taken: dict[str, Any]) -> dict[str, list] | None:
+    """The json headers of a span as a list per field (one orjson call for all of them); None when
+    one does not parse, is not an object, or the headers differ in their fields or shadow a column."""
+    view = memoryview(array)
+    try:
+        headers = json_loads(b"[" + b",".join([view[at : at + size] for at, size in
+                                                zip(json[1].tolist(), json[2].tolist())]) + b"]")
+    except DECODE_ERRORS:
+        return None
+    names = headers[0].keys() if headers[0].__class__ is dict else None
+    if names is None or names & taken.keys() or any(h.__class__ is not dict or h.keys() != names for h in headers):
+        return None
+    return {name: [header[name] for header in headers] for name in names}
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Samples as one batch: arrays shaped like the tokens stacked, every other field a list (a
+    field some samples lack is None in theirs)."""
+    names = dict.fromkeys(chain.from_iterable(samples))
+    shape = getattr(samples[0].get("tokens"), "shape", None) if samples else None
+    batch = {}
+    for name in names:
+        values = [sample.get(name) for sample in samples]
+        stack = name not in LISTED and shape is not None and \
+            all(v.__class__ is np.ndarray and v.shape == shape for v in values)
+        batch[name] = np.stack(values) if stack else values
+    return batch
+
+
+def take(columns: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+    return {name: values[start:stop] for name, values in columns.items()}
+
+
+def join(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pieces of one batch from consecutive spans, in order: stacked columns concatenated (a copy)."""
+    if len(parts) == 1:
+        return parts[0]
+    batch = {}
+    for name in dict.fromkeys(chain.from_iterable(parts)):
+        values = [part.get(name) for part in parts]
+        if all(v.__class__ is np.ndarray for v in values) and len({v.shape[1:] for v in values}) == 1:
+            batch[name] = np.concatenate(values)
+        else:
+            batch[name] = list(chain.from_iterable(
+                [None] * len(part["key"]) if v is None else v for part, v in zip(parts, values)))
+    return batch
+
+
+def batched(spans: Iterator[Rows], batch_size: int, drop_last: bool, position: int) -> Iterator[tuple[dict, int]]:
+    """Batches of `batch_size` rows of consecutive spans, each with the position after its last
+    row (counted on from `position`, where the first span starts). The last batch of the spans
+    is shorter, or left out with drop_last."""
+    parts: list[dict[str, Any]] = []
+    missing = batch_size
+    for rows in spans:
+        count, done = len(rows.columns["key"]), 0
+        while done < count:
+            step = min(missing, count - done)
+            parts.append(take(rows.columns, done, done + step))
+            done, missing = done + step, missing - step
+            if not missing:
+                yield join(parts), position + rows.position_after(done - 1)
+                parts, missing = [], batch_size
+        position += rows.size
+    if parts and not drop_last:
+        yield join(parts), position

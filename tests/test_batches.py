@@ -1,0 +1,169 @@
+"""Batches from the loader (batch_size=): equal to the samples collated, strided views of the shard, exact resume."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+from datapipe.batches import collate
+from datapipe.shardindex import ShardError
+from datapipe.shards import ShardWriter, blocks, read_manifest, read_shards
+from datapipe.stream import stream
+from tests.test_shards import write_run
+from tests.test_stream import damage, stage, stage_copy  # noqa: F401 - fixtures
+
+SEQ_LEN = 4096
+
+
+@pytest.fixture(scope="module")
+def text_stage(tmp_path_factory):
+    """Text only (no images), so every span is laid out at one stride."""
+    folder = tmp_path_factory.mktemp("batches") / "main"
+    write_run(folder, n_docs=2000, per_shard=10, seq_len=SEQ_LEN, media_every=0)
+    return folder
+
+
+def assert_same_batch(left, right):
+    assert left.keys() == right.keys()
+    for name, value in left.items():
+        other = right[name]
+        if isinstance(value, np.ndarray):
+            assert isinstance(other, np.ndarray) and value.dtype == other.dtype and np.array_equal(value, other), name
+        else:
+            assert len(value) == len(other), name
+            for a, b in zip(value, other):
+                assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, name
+
+
+def reference(folder, batch_size, drop_last=False, **options):
+    samples = list(stream(folder, **options))
+    groups = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
+    return [collate(g) for g in groups if len(g) == batch_size or not drop_last]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 10, 23])
+@pytest.mark.parametrize("options", [{}, {"position_ids": False}, {"shuffle": True, "seed": 2, "buffer": 17},
+                                     {"fields": ("tokens", "doc_lens")}, {"rank": 1, "world_size": 2}])
+def test_batches_are_the_samples_collated(stage, text_stage, batch_size, options):
+    for folder in (stage, text_stage):  # with images (decoded spans) and text only (strided spans)
+        batches = list(stream(folder, batch_size=batch_size, **options))
+        expected = reference(folder, batch_size, **options)
+        assert len(batches) == len(expected) == len(stream(folder, batch_size=batch_size, **options))
+        for batch, want in zip(batches, expected):
+            assert_same_batch(batch, want)
+        assert all(b["tokens"].shape[1:] == (b["tokens"].shape[1],) and b["tokens"].ndim == 2 for b in batches)
+
+
+def test_drop_last_leaves_out_the_short_batch(text_stage):
+    total = read_manifest(text_stage)["samples"]
+    batches = list(stream(text_stage, batch_size=7, drop_last=True))
+    assert len(batches) == total // 7 == len(stream(text_stage, batch_size=7, drop_last=True))
+    assert {len(b["key"]) for b in batches} == {7}
+    assert total % 7 and len(list(stream(text_stage, batch_size=7))) == total // 7 + 1
+
+
+def test_a_batch_inside_a_shard_is_a_view_of_it(tmp_path):
+    sizes = [(3, 200), (2, 10), (1, 5), (4, 120), (2, 30)]  # json headers of one and two tar blocks
+    write_samples(tmp_path, [sample(f"s-{i:03d}", *size) for i, size in enumerate(sizes * 8)], per_shard=10)
+    batches = list(stream(tmp_path, batch_size=5, position_ids=False))  # never across two shards
+    for batch in batches:
+        tokens, mask = batch["tokens"], batch["loss_mask"]
+        assert not tokens.flags.owndata and tokens.strides[0] > SEQ_LEN * 4  # rows a tar sample apart
+        assert not mask.flags.owndata and mask.strides[0] == tokens.strides[0]
+    whole = list(read_shards(tmp_path))
+    assert np.array_equal(np.concatenate([b["tokens"] for b in batches]), np.stack([s["tokens"] for s in whole]))
+    assert [k for b in batches for k in b["doc_ids"]] == [s["doc_ids"] for s in whole]
+
+
+def test_a_batch_across_shards_is_stacked(text_stage):
+    batch = list(stream(text_stage, batch_size=7))[1]  # samples 7-13, shards of 10
+    assert batch["tokens"].flags.owndata and batch["tokens"].shape == (7, SEQ_LEN)
+    assert batch["position_ids"].shape == (7, SEQ_LEN) and batch["position_ids"].dtype == np.int32
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_between_batches_equals_the_uninterrupted_run(text_stage, shuffle):
+    def make():
+        return stream(text_stage, batch_size=6, shuffle=shuffle, seed=3, buffer=13, loop=True)
+
+    rng = random.Random(1)
+    total = len(make())
+    for cut in [rng.randrange(3 * total) for _ in range(5)]:
+        loader, uninterrupted = make(), make()
+        it, whole = iter(loader), iter(uninterrupted)
+        for _ in range(cut):
+            next(it), next(whole)
+        resumed = make()
+        resumed.load_state_dict(loader.state_dict())
+        after = iter(resumed)
+        for _ in range(total + 2):  # across the next epoch boundary
+            assert_same_batch(next(after), next(whole))
+
+
+def test_ranks_get_equal_batch_counts(text_stage):
+    counts = {len(list(stream(text_stage, rank, 3, batch_size=4))) for rank in range(3)}
+    assert counts == {len(stream(text_stage, 0, 3, batch_size=4))}
+
+
+def test_fields_leave_out_members_and_position_ids_need_theirs(text_stage):
+    batch = next(iter(stream(text_stage, batch_size=4, fields=("tokens", "loss_mask"), position_ids=False)))
+    assert set(batch) == {"key", "images", "media_spans", "tokens", "loss_mask"}
+    with pytest.raises(ValueError, match="position_ids come from doc_lens and tokens"):
+        stream(text_stage, fields=("tokens",))
+    with pytest.raises(ValueError, match="give a tuple of names"):
+        stream(text_stage, fields="tokens", position_ids=False)
+    with pytest.raises(ValueError, match="batch_size 0"):
+        stream(text_stage, batch_size=0)
+
+
+def json_offsets(folder, shard):
+    index = json.loads((folder / shard.replace(".tar", ".index.json")).read_text())
+    return index["members"]["json"][1]
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_bad_sample_in_a_batch_is_raised_or_left_out(tmp_path, text_stage, on_error):
+    import shutil
+
+    folder = shutil.copytree(text_stage, tmp_path / "main")
+    damage(folder / "shard-000001.tar", json_offsets(folder, "shard-000001.tar")[3], b"{{{{")
+    loader = stream(folder, batch_size=4, on_error=on_error)
+    if on_error == "raise":
+        with pytest.raises(ShardError, match=r"shard-000001\.tar: member .*\.json does not decode"):
+            list(loader)
+        return
+    keys = [key for batch in loader for key in batch["key"]]
+    good = [s["key"] for s in read_shards(text_stage)]
+    assert keys == good[:13] + good[14:] and loader.skipped == [str(folder / "shard-000001.tar")]
+
+
+def sample(key, n_docs, id_length):
+    tokens = np.arange(SEQ_LEN, dtype=np.uint32)
+    lens = np.full(n_docs, SEQ_LEN // n_docs, dtype=np.int32)
+    lens[-1] += SEQ_LEN - lens.sum()
+    return {"key": key, "tokens": tokens, "doc_lens": lens, "loss_mask": np.ones(SEQ_LEN, np.uint8),
+            "doc_ids": ["d" * id_length] * n_docs, "doc_offsets": [0] * n_docs, "seq_len": SEQ_LEN, "num_pad": 0}
+
+
+def write_samples(folder, samples, per_shard=100):
+    with ShardWriter(folder, per_shard, {"stage": "main", "seq_len": SEQ_LEN}) as writer:
+        for s in samples:
+            writer.write(s)
+
+
+def test_the_writer_pads_headers_so_samples_share_one_stride(tmp_path):
+    sizes = [(2, 10), (3, 200), (1, 5), (4, 120), (2, 30)]  # json headers of one and two tar blocks
+    samples = [sample(f"s-{i:03d}", *size) for i, size in enumerate(sizes * 4)]
+    write_samples(tmp_path, samples)
+    offsets = np.array(json_offsets(tmp_path, "shard-000000.tar"))
+    assert len(set(np.diff(offsets[2:]).tolist())) == 1  # from the first two-block header on, one stride
+    back = list(read_shards(tmp_path))
+    assert [s["doc_ids"] for s in back] == [s["doc_ids"] for s in samples]  # the padding is JSON whitespace
+    natural = [len(json.dumps({k: s[k] for k in ("doc_ids", "doc_offsets", "num_pad", "seq_len")})) for s in samples]
+    assert {blocks(size) for size in natural} == {1, 2}  # unpadded, the stride would vary
+
+
+def test_one_huge_header_does_not_pad_every_sample_after_it(tmp_path):
+    write_samples(tmp_path, [sample("s-000", 2, 10), sample("s-001", 8, 2000), sample("s-002", 2, 10)])
+    index = json.loads((tmp_path / "shard-000000.index.json").read_text())
+    assert index["members"]["json"][2] == [512, 16384, 512]
