@@ -1,7 +1,7 @@
 """Loader throughput: datapipe.stream against `cat`, webdataset and MosaicML streaming, on the same samples.
 
     make bench-deps   # once: webdataset's and MosaicML streaming's peers
-    .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 4096] [--per-shard 256] [--repeats 5]
+    .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 8192] [--per-shard 1024] [--repeats 5]
 
 Writes packed samples (lognormal document lengths, as the packer makes them) with our
 ShardWriter, converts the same samples to MDS for MosaicML streaming, warms the page
@@ -12,7 +12,11 @@ and `streaming.StreamingDataset`. Every loader hands out token arrays already in
 (ours maps a shard the page cache holds, or reads it whole with one copy as `cat` does;
 the others copy per sample); the consumer gathers them into batches of 8 and reads one
 token of each. "ours" decodes the same members the peers do (position_ids=False);
-"ours_positions" also derives position_ids, the loader's default; "ours_walk" reads the same stage as shards of another
+"ours_positions" also derives position_ids, the loader's default; "ours_batched" hands out
+batches of 8 (batch_size=8: [8, seq_len] views of the mapped shard, datapipe.batches), the
+same members; "ours_batched_arrays" the same batches of the array members only (fields=
+tokens, loss_mask, doc_lens: what a trainer feeds its model; no json header, so no doc ids);
+"ours_walk" reads the same stage as shards of another
 writer would come (no index files: it walks the tar headers). "raw_cold" and "ours_cold"
 read the same files from disk: the page cache is dropped for them (posix_fadvise
 DONTNEED) before each run, as a trainer whose data outgrows its memory reads them.
@@ -178,8 +182,8 @@ def time_resume(stage: Path, samples: int, rng: np.random.Generator) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=8192)
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--per-shard", type=int, default=256)
+    parser.add_argument("--samples", type=int, default=8192)
+    parser.add_argument("--per-shard", type=int, default=1024, help="samples a shard (datapipe run's default: 1024)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
@@ -235,7 +239,9 @@ def main() -> None:
           f"shuffled_frac_of_raw={rates['ours_shuffled'] / rates['raw']:.2f} "
           f"positions_frac_of_raw={rates['ours_positions'] / rates['raw']:.2f} "
           f"walk_frac_of_raw={rates['ours_walk'] / rates['raw']:.2f} "
-          f"cold_frac_of_raw={rates['ours_cold'] / rates['raw_cold']:.2f} resume_s={resume:.3f} "
+          f"cold_frac_of_raw={rates['ours_cold'] / rates['raw_cold']:.2f} "
+          f"batched_frac_of_raw={rates['ours_batched'] / rates['raw']:.2f} "
+          f"arrays_frac_of_raw={rates['ours_batched_arrays'] / rates['raw']:.2f} resume_s={resume:.3f} "
           f"seq_len={seq_len} samples={n}")
 
 

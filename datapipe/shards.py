@@ -43,7 +43,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from datapipe.schema import PackedSample
-from datapipe.shardindex import INDEX_FORMAT, ShardError
+from datapipe.shardindex import INDEX_FORMAT, ShardError, index_part
 from datapipe.tarsamples import BadSample, iter_samples
 
 MANIFEST = "manifest.json"
@@ -161,8 +161,9 @@ def write_index(folder: Path, shard: dict[str, Any], index: dict[str, Any]) -> d
     manifest entry."""
     name = shard["name"].removesuffix(".tar") + INDEX_SUFFIX
     arrays = {suffix: layout for suffix, layout in index["arrays"].items() if layout is not None}
-    data = json.dumps({"format": INDEX_FORMAT, "shard": shard["name"], "bytes": shard["bytes"],
-                       "sha256": shard["sha256"], **index, "arrays": arrays}, separators=(",", ":")).encode()
+    members = {suffix: [index_part(part) for part in column] for suffix, column in index["members"].items()}
+    data = json.dumps({"format": INDEX_FORMAT, "shard": shard["name"], "bytes": shard["bytes"], "sha256": shard["sha256"],
+                       "keys": index["keys"], "members": members, "arrays": arrays}, separators=(",", ":")).encode()
     write_atomic(folder / name, data)
     return {"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 

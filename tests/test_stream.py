@@ -16,7 +16,7 @@ import pytest
 from datapipe.shardindex import ShardError
 from datapipe.shards import read_manifest, read_shards, write_run_manifest
 from datapipe.stream import Stream, stream
-from tests.test_shards import write_run
+from tests.test_shards import index_columns, write_run
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +279,38 @@ def test_an_index_without_array_layouts_still_reads(stage_copy, caplog):
     assert not caplog.text  # no index was refused: none of the shards was walked
 
 
+def rewrite_indexes(folder, edit):
+    """Every index file of a stage replaced by edit(index), the manifest updated to match."""
+    manifest = read_manifest(folder)
+    for shard in manifest["shards"]:
+        path = folder / shard["index"]["name"]
+        path.write_bytes(json.dumps(edit(json.loads(path.read_text()))).encode())
+        shard["index"].update(bytes=path.stat().st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_format_1_index_of_plain_lists_still_reads(stage_copy, caplog):
+    compact = [part for shard in read_manifest(stage_copy)["shards"]
+               for column in json.loads((stage_copy / shard["index"]["name"]).read_text())["members"].values()
+               for part in column if isinstance(part, dict)]
+    assert compact  # the writer stored progressions: the rewrite below changes something
+    rewrite_indexes(stage_copy, lambda index: {**index, "format": "datapipe-index/1", "members": index_columns(index)})
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy, verify=True)), list(read_shards(stage_copy)))
+    assert not caplog.text
+
+
+def test_a_progression_that_is_not_integers_refuses_the_index(stage_copy, caplog):
+    def spoil(index):
+        index["members"]["tokens.npy"][0] = {"start": 0, "step": 1.5, "count": 3}
+        return index
+
+    rewrite_indexes(stage_copy, spoil)
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy)), list(read_shards(stage_copy)))
+    assert "its index does not match it (a progression" in caplog.text
+
+
 def test_an_index_that_does_not_match_its_shard_is_not_used(stage_copy, caplog):
     first, second = (stage_copy / f"shard-00000{i}.index.json" for i in (1, 2))
     first.write_bytes(second.read_bytes())  # another shard's index
@@ -303,18 +335,23 @@ def test_a_missing_index_file_is_walked_around(stage_copy, caplog):
 
 
 def edit_last_offset(path, suffix, new_offset):
-    """Replace the last data offset of a column in an index file by one of the same width: the file keeps its size."""
-    text, index = path.read_text(), json.loads(path.read_text())
-    offset = str(index["members"][suffix][1][-1])
-    replacement = new_offset(offset)
-    assert len(replacement) == len(offset) and f",{offset}]" in text
-    path.write_text(text.replace(f",{offset}]", f",{replacement}]"))
+    """Replace the last data offset of a column in an index file (written out as lists) by `new_offset`;
+    the manifest gets the file's new size, not its sha256: as if edited in place to the same size."""
+    index = json.loads(path.read_text())
+    columns = index_columns(index)
+    columns[suffix][1][-1] = int(new_offset(str(columns[suffix][1][-1])))
+    path.write_text(json.dumps({**index, "members": columns}))
+    manifest = read_manifest(path.parent)
+    for shard in manifest["shards"]:
+        if shard["index"]["name"] == path.name:
+            shard["index"]["bytes"] = path.stat().st_size
+    (path.parent / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_a_tampered_index_is_caught_by_verify_or_its_bounds(stage_copy, caplog):
     path = stage_copy / "shard-000003.index.json"
     edit_last_offset(path, "tokens.npy", lambda offset: "9" * len(offset))  # outside the shard
-    assert int(json.loads(path.read_text())["members"]["tokens.npy"][1][-1]) > read_manifest(stage_copy)["shards"][3]["bytes"]
+    assert index_columns(json.loads(path.read_text()))["tokens.npy"][1][-1] > read_manifest(stage_copy)["shards"][3]["bytes"]
     reference = list(read_shards(stage_copy))
     with caplog.at_level("WARNING"):
         assert_same_samples(list(stream(stage_copy, verify=True)), reference)
@@ -335,7 +372,7 @@ def test_an_index_offset_off_the_tar_blocks_is_not_used(stage_copy, caplog):
 
 def test_a_member_that_does_not_decode_fails_only_its_sample(stage_copy):
     index = json.loads((stage_copy / "shard-000002.index.json").read_text())
-    numbers, offsets, _ = index["members"]["json"]
+    numbers, offsets, _ = index_columns(index)["json"]
     bad_key = index["keys"][numbers[2]]
     damage(stage_copy / "shard-000002.tar", offsets[2], b"{{{{")  # same size, not JSON any more
     loader = stream(stage_copy)
@@ -562,7 +599,7 @@ def test_a_protocol_without_its_package_says_what_to_install():
 
 def test_damaged_doc_lens_fail_only_their_sample(stage_copy):
     index = json.loads((stage_copy / "shard-000002.index.json").read_text())
-    numbers, offsets, _ = index["members"]["doc_lens.npy"]
+    numbers, offsets, _ = index_columns(index)["doc_lens.npy"]
     bad_key = index["keys"][numbers[1]]
     header = index["arrays"]["doc_lens.npy"]["header"]
     damage(stage_copy / "shard-000002.tar", offsets[1] + header, np.int32(10**6).tobytes())  # same size
