@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain
 from typing import Any
 
 import numpy as np
