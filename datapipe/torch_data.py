@@ -2,6 +2,9 @@
 
     dataset = StreamDataset("out/demo", shuffle=True, seed=0)   # rank and world_size from torch.distributed
     loader = StatefulDataLoader(dataset, batch_size=8, num_workers=2, collate_fn=collate_packed)
+    # or batches made by the loader (views of the shards, no per-sample Python; see datapipe.batches):
+    dataset = StreamDataset("out/demo", batch_size=8)
+    loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2, collate_fn=packed_batch)
     ...  torch.save(loader.state_dict(), path)  ...  loader.load_state_dict(torch.load(path))
 
 Each DataLoader worker reads a contiguous part of its rank's samples (Stream.for_worker);
@@ -25,6 +28,7 @@ except ImportError as err:  # pragma: no cover - depends on the install
     raise ImportError("datapipe.torch_data needs torch: pip install 'datapipe[torch]' "
                       "(or pip install torch==2.13.0 for the CPU build)") from err
 
+from datapipe.batches import collate
 from datapipe.shards import int32_range
 from datapipe.stream import Stream
 
@@ -76,23 +80,32 @@ def default_placement(rank: int | None, world_size: int | None) -> tuple[int, in
 
 
 def collate_packed(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """A batch for varlen attention: every array member of one shape across the batch stacked (tokens
+    """A batch of single samples (DataLoader(batch_size=B, collate_fn=collate_packed)) for varlen
+    attention: see packed_batch."""
+    return packed_batch(collate(samples))
+
+
+def packed_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    """A loader batch (StreamDataset(..., batch_size=B) under DataLoader(batch_size=None,
+    collate_fn=packed_batch)) for varlen attention: its stacked arrays as tensors (tokens
     [B, seq_len] as int64, since torch has few uint32 ops; loss_mask...), position_ids restarting
     at every document, cu_seqlens (int32 document boundaries over the flattened batch), the keys."""
-    batch: dict[str, Any] = {"keys": [s["key"] for s in samples]}
-    for name, value in samples[0].items():
-        if isinstance(value, np.ndarray) and name != "doc_lens" and all(s[name].shape == value.shape for s in samples):
-            stacked = np.stack([s[name] for s in samples])
-            batch[name] = torch.from_numpy(stacked.astype(np.int64) if stacked.dtype == np.uint32 else stacked)
-    lengths = [documents_and_padding(s) for s in samples]
-    if "position_ids" not in batch:  # a loader with position_ids=False: int32, as the loader's own
+    out: dict[str, Any] = {"keys": batch["key"]}
+    for name, value in batch.items():
+        if isinstance(value, np.ndarray):
+            out[name] = torch.from_numpy(value.astype(np.int64) if value.dtype == np.uint32 else value)
+    seq_len = batch["tokens"].shape[1]
+    lengths = [documents_and_padding(lens, seq_len) for lens in batch["doc_lens"]]
+    if "position_ids" not in out:  # a loader with position_ids=False: int32, as the loader's own
         positions = np.concatenate([int32_range(n) for row in lengths for n in row])
-        batch["position_ids"] = torch.from_numpy(positions.reshape(len(samples), -1))
+        out["position_ids"] = torch.from_numpy(positions.reshape(len(lengths), -1))
     flat = np.concatenate([[0], np.cumsum([n for row in lengths for n in row])])
-    batch["cu_seqlens"] = torch.from_numpy(flat.astype(np.int32))
-    return batch
+    out["cu_seqlens"] = torch.from_numpy(flat.astype(np.int32))
+    return out
 
 
-def documents_and_padding(sample: dict[str, Any]) -> list[int]:
-    lengths = [int(n) for n in sample["doc_lens"]]
-    return lengths + [int(sample["num_pad"])] if sample["num_pad"] else lengths
+def documents_and_padding(doc_lens: np.ndarray, seq_len: int) -> list[int]:
+    """The pieces of a row: its documents, then its padding (the rest of seq_len) as one more."""
+    lengths = [int(n) for n in doc_lens]
+    padding = seq_len - sum(lengths)
+    return lengths + [padding] if padding else lengths

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'datapipe[torch]'")
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from datapipe.torch_data import StreamDataset, collate_packed
+from datapipe.torch_data import StreamDataset, collate_packed, packed_batch
 from tests.test_shards import write_run
 
 
@@ -18,11 +18,17 @@ def stage(tmp_path_factory):
     return folder
 
 
-def make_loader(stage, num_workers, rank=0, world_size=1):
-    dataset = StreamDataset(stage, rank=rank, world_size=world_size, shuffle=True, seed=3, buffer=9)
-    loader = StatefulDataLoader(dataset, batch_size=4, num_workers=num_workers, collate_fn=collate_packed,
-                                multiprocessing_context="fork" if num_workers else None)
-    return dataset, loader
+def make_loader(stage, num_workers, rank=0, world_size=1, batched=False, shuffle=True):
+    """Batches of 4: collated by the DataLoader, or with `batched` made by the loader (batch_size=4)."""
+    options = {"rank": rank, "world_size": world_size, "shuffle": shuffle, "seed": 3, "buffer": 9}
+    context = "fork" if num_workers else None
+    if batched:
+        dataset = StreamDataset(stage, batch_size=4, **options)
+        return dataset, StatefulDataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=packed_batch,
+                                           multiprocessing_context=context)
+    dataset = StreamDataset(stage, **options)
+    return dataset, StatefulDataLoader(dataset, batch_size=4, num_workers=num_workers, collate_fn=collate_packed,
+                                       multiprocessing_context=context)
 
 
 def batches(dataset, loader, epochs, skip=0):
@@ -34,10 +40,11 @@ def batches(dataset, loader, epochs, skip=0):
     return out[skip:]
 
 
-def test_resume_without_workers_across_epochs(stage):
-    reference = batches(*make_loader(stage, 0), range(2))
+@pytest.mark.parametrize("batched", [False, True])
+def test_resume_without_workers_across_epochs(stage, batched):
+    reference = batches(*make_loader(stage, 0, batched=batched), range(2))
     for cut in sorted(random.Random(0).sample(range(len(reference)), 6)) + [len(reference) // 2]:
-        dataset, loader = make_loader(stage, 0)
+        dataset, loader = make_loader(stage, 0, batched=batched)
         head, epoch = [], 0
         for epoch in range(2):
             dataset.set_epoch(epoch)
@@ -45,7 +52,7 @@ def test_resume_without_workers_across_epochs(stage):
             if len(head) == cut:
                 break
         state = loader.state_dict()
-        dataset, loader = make_loader(stage, 0)
+        dataset, loader = make_loader(stage, 0, batched=batched)
         loader.load_state_dict(state)
         assert head + batches(dataset, loader, range(epoch, 2)) == reference, f"cut after {cut} batches"
 
@@ -85,3 +92,15 @@ def test_collate_builds_varlen_attention_inputs(stage, position_ids):
         all_pieces += pieces
     assert batch["cu_seqlens"].tolist() == [0] + np.cumsum(all_pieces).tolist()
     assert np.array_equal(batch["tokens"][1].numpy(), samples[1]["tokens"])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_batches_equal_the_dataloaders_own(stage, num_workers):
+    """Unshuffled, batches the loader makes (views of the shards) equal those collate_packed makes."""
+    ours = list(make_loader(stage, num_workers, batched=True, shuffle=False)[1])
+    theirs = list(make_loader(stage, num_workers, shuffle=False)[1])
+    assert len(ours) == len(theirs) > 3
+    for mine, other in zip(ours, theirs):
+        assert mine.keys() == other.keys() and mine["keys"] == other["keys"]
+        for name in mine.keys() - {"keys"}:
+            assert mine[name].dtype == other[name].dtype and torch.equal(mine[name], other[name]), name
