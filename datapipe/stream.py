@@ -16,6 +16,9 @@ span (datapipe.tarsamples.plan_span: numpy only) and derive its position ids
 (datapipe.shards.span_positions), so the thread that iterates only builds the sample
 dicts: about 3 us a sample at 8K tokens in a tight loop on our 2-core box (about 7 in
 the loader), where `cat` of the same bytes takes 7-9 (bench/stream.py, README "Speed").
+With batch_size the loader yields batches of consecutive samples instead
+(datapipe.batches): in a shard of text samples the prefetch threads make each array column
+one strided view of the shard and this thread only slices it, no Python per sample.
 A bad shard raises ShardError naming it; with on_error="skip" its samples are left out
 instead, logged, and listed in `.skipped` (that rank then yields fewer samples); a member
 that does not decode fails its sample alone.
