@@ -15,6 +15,7 @@ otherwise (images, shards of other writers) are stacked.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator
 from itertools import chain
 from typing import Any, NamedTuple
@@ -127,14 +128,21 @@ def join(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
-def batched(spans: Iterator[Rows], batch_size: int, drop_last: bool, position: int) -> Iterator[tuple[dict, int]]:
+def batched(spans: Iterator[Rows], batch_size: int, drop_last: bool, position: int,
+            ends: list[int]) -> Iterator[tuple[dict, int]]:
     """Batches of `batch_size` rows of consecutive spans, each with the position after its last
-    row (counted on from `position`, where the first span starts). The last batch of the spans
-    is shorter, or left out with drop_last."""
+    row (counted on from `position`, where the first span starts). A batch never mixes two
+    curriculum stages (they end at the positions `ends`, datapipe.plan.stage_ends): a stage's
+    last batch is shorter, or left out with drop_last."""
     parts: list[dict[str, Any]] = []
-    missing = batch_size
+    missing, stage = batch_size, None
     for rows in spans:
-        count, done = len(rows.columns["key"]), 0
+        here = bisect_right(ends, position)
+        if parts and here != stage:
+            if not drop_last:
+                yield join(parts), position
+            parts, missing = [], batch_size
+        count, done, stage = len(rows.columns["key"]), 0, here
         while done < count:
             step = min(missing, count - done)
             parts.append(take(rows.columns, done, done + step))
@@ -145,3 +153,7 @@ def batched(spans: Iterator[Rows], batch_size: int, drop_last: bool, position: i
         position += rows.size
     if parts and not drop_last:
         yield join(parts), position
+
+
+def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
+    return samples // batch_size if drop_last else -(-samples // batch_size)

@@ -147,6 +147,16 @@ def permutation(n: int, key: list[int]) -> np.ndarray:
     return np.argsort(z, kind="stable")
 
 
+def stage_ends(segments: list[Segment]) -> list[int]:
+    """The epoch positions where each stage's samples end (its passes follow each other)."""
+    ends, position = [], 0
+    for segment, following in zip(segments, [*segments[1:], None]):
+        position += segment.length
+        if following is None or following.stage != segment.stage:
+            ends.append(position)
+    return ends
+
+
 def spans_from(segments: list[Segment], position: int) -> Iterator[Span]:
     """The spans that hold epoch positions position, position+1, ... to the end of the epoch."""
     for segment in segments:

@@ -29,6 +29,7 @@ import copy
 import hashlib
 import json
 import logging
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,8 +39,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from datapipe import fetch
-from datapipe.batches import Rows, batched, collate, span_rows
-from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, window_order, windows
+from datapipe.batches import Rows, batch_count, batched, collate, span_rows
+from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, stage_ends, window_order, windows
 from datapipe.schema import PackedSample
 from datapipe.shardindex import ShardError, ShardIndex, parse_index, walk_index
 from datapipe.shards import MANIFEST, RUN_MANIFEST, finish_samples, span_positions
@@ -113,10 +114,13 @@ class Stream:
                 return
 
     def __len__(self) -> int:
-        """Samples (with batch_size: batches) this (rank, worker) yields per epoch, before any skipped shard."""
-        samples = sum(s.length for s in epoch_plan(self.stages, self.place, self.options.seed, 0, False))
-        size = self.options.batch_size
-        return samples if size is None else samples // size if self.options.drop_last else -(-samples // size)
+        """Samples (with batch_size: batches, cut at each stage's end) this (rank, worker) yields per
+        epoch, before any skipped shard."""
+        ends = stage_ends(epoch_plan(self.stages, self.place, self.options.seed, 0, False))
+        if self.options.batch_size is None:
+            return ends[-1]
+        return sum(batch_count(end - start, self.options.batch_size, self.options.drop_last)
+                   for start, end in zip([0, *ends], ends))
 
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` from its beginning, unless the loader is already inside it (after a resume)."""
@@ -151,9 +155,9 @@ class Stream:
                 if options.batch_size is None:
                     yield from self.shuffled(todo, spans) if options.shuffle else self.in_order(spans)
                 elif options.shuffle:
-                    yield from self.collated(self.shuffled(todo, spans))
+                    yield from self.collated(self.shuffled(todo, spans), stage_ends(segments))
                 else:
-                    yield from self.in_batches(spans)
+                    yield from self.in_batches(spans, stage_ends(segments))
             finally:
                 spans.close()
         self.epoch, self.position = self.epoch + 1, 0
@@ -180,11 +184,12 @@ class Stream:
                 elif sample is not None:
                     self.bad_sample(sample)
 
-    def in_batches(self, spans: Iterator[Rows | list]) -> Iterator[dict[str, Any]]:
+    def in_batches(self, spans: Iterator[Rows | list], ends: list[int]) -> Iterator[dict[str, Any]]:
         """Batches of consecutive samples: slices of the spans' rows, which the prefetch threads
         made, or of samples decoded here when a span is not laid out for that."""
         rows = (item if item.__class__ is Rows else self.rows_of(item) for item in spans)
-        for batch, position in batched(rows, self.options.batch_size, self.options.drop_last, self.position):
+        options = self.options
+        for batch, position in batched(rows, options.batch_size, options.drop_last, self.position, ends):
             self.position = position
             yield batch
 
@@ -198,15 +203,24 @@ class Stream:
                 self.bad_sample(sample)
         return Rows(collate([samples[slot] for slot in slots]) if slots else {"key": []}, slots, len(samples))
 
-    def collated(self, samples: Iterator[PackedSample]) -> Iterator[dict[str, Any]]:
-        """Shuffled samples in batches, stacked (a copy: a window's samples lie all over its shards)."""
-        size, batch = self.options.batch_size, []
+    def collated(self, samples: Iterator[PackedSample], ends: list[int]) -> Iterator[dict[str, Any]]:
+        """Shuffled samples in batches, stacked (a copy: a window's samples lie all over its
+        shards), never two stages in one batch. Only the next sample shows that a stage ended:
+        while the batch before it goes out, the position is the one after that batch's last sample."""
+        size, drop_last, batch, stage, after_last = self.options.batch_size, self.options.drop_last, [], None, 0
         for sample in samples:
+            here, position = bisect_right(ends, self.position - 1), self.position
+            if batch and here != stage:
+                self.position = after_last
+                if not drop_last:
+                    yield collate(batch)
+                self.position, batch = position, []
             batch.append(sample)
+            stage, after_last = here, position
             if len(batch) == size:
                 yield collate(batch)
                 batch = []
-        if batch and not self.options.drop_last:
+        if batch and not drop_last:
             yield collate(batch)
 
     def bad_sample(self, sample: BadSample) -> None:

@@ -10,7 +10,7 @@ from datapipe.shardindex import ShardError
 from datapipe.shards import ShardWriter, blocks, read_manifest, read_shards
 from datapipe.stream import stream
 from tests.test_shards import index_columns, write_run
-from tests.test_stream import damage
+from tests.test_stream import damage, write_curriculum
 
 SEQ_LEN = 4096
 
@@ -174,3 +174,43 @@ def test_one_huge_header_does_not_pad_every_sample_after_it(tmp_path):
     write_samples(tmp_path, [sample("s-000", 2, 10), sample("s-001", 8, 2000), sample("s-002", 2, 10)])
     index = json.loads((tmp_path / "shard-000000.index.json").read_text())
     assert index_columns(index)["json"][2] == [512, 16384, 512]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_batch_never_mixes_two_curriculum_stages(tmp_path, shuffle, drop_last):
+    write_curriculum(tmp_path)  # a short stage (64 tokens) read in several passes, then a long one (128)
+    options = {"shuffle": shuffle, "seed": 4, "buffer": 11, "batch_size": 7, "drop_last": drop_last}
+    per_rank = [list(stream(tmp_path, rank, 2, **options)) for rank in range(2)]
+    samples = list(stream(tmp_path, 1, 2, shuffle=shuffle, seed=4, buffer=11))
+    stages = [s["seq_len"] for s in samples]
+    switch = stages.index(128)
+    groups = [part[i : i + 7] for part in (samples[:switch], samples[switch:]) for i in range(0, len(part), 7)]
+    expected = [collate(g) for g in groups if len(g) == 7 or not drop_last]
+    assert len(per_rank[0]) == len(per_rank[1]) == len(expected) == len(stream(tmp_path, 0, 2, **options))
+    for batch, want in zip(per_rank[1], expected):
+        assert_same_batch(batch, want)
+        assert batch["tokens"].ndim == 2 and len(set(batch["seq_len"])) == 1
+    assert switch % 7 and {b["tokens"].shape[1] for b in per_rank[1]} == {64, 128}  # a short batch at the switch
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_across_a_stage_switch_with_batches(tmp_path, shuffle):
+    write_curriculum(tmp_path)
+
+    def make():
+        return stream(tmp_path, 1, 2, shuffle=shuffle, seed=5, buffer=12, loop=True, batch_size=4)
+
+    total = len(make())
+    whole = iter(make())
+    reference = [next(whole)["key"] for _ in range(total + 3)]
+    switch = [keys[0].split("-")[0] for keys in reference].index("long")
+    for cut in sorted({0, switch - 1, switch, switch + 1, total - 1, total, *random.Random(2).sample(range(total), 4)}):
+        loader = make()
+        it = iter(loader)
+        for _ in range(cut):
+            next(it)
+        resumed = make()
+        resumed.load_state_dict(loader.state_dict())
+        after = iter(resumed)
+        assert [next(after)["key"] for _ in range(3)] == reference[cut : cut + 3], f"cut after {cut} batches"
