@@ -65,6 +65,24 @@ def test_rejected_documents_take_no_part_in_global_dedup(ray_session, monkeypatc
     assert pair[1]["reject"] == "dedup.near_duplicate"  # ...though it is one of b when both live
 
 
+def test_two_documents_with_one_id_get_their_own_verdicts(ray_session, monkeypatch):
+    """Ids come from a source's id_field, which may repeat: a unique text that shares its id with
+    a duplicate stays (verdicts keyed by id rejected both)."""
+    monkeypatch.setattr(ray_session.data.DataContext.get_current().execution_options, "preserve_order", True)
+    a, b = article(1), article(2)
+    docs = [new_document("t", "first", a), new_document("t", "same", a), new_document("t", "same", b)]
+    dataset = add_stage(ray_session.data.from_arrow(docs_to_table(docs)), Config(stage="dedup", batch_size=2))
+    out = [doc for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None)
+           for doc in docs_from_table(table)]
+    assert [(doc["id"], doc["reject"]) for doc in out] == [("t/first", ""), ("t/same", "dedup.exact_duplicate"),
+                                                           ("t/same", "")]
+    assert "dedup" not in out[2]["meta"] and out[1]["meta"]["dedup"] == {"cluster": "t/first", "size": 2}
+    assert all("dedup_key" not in doc for doc in out)  # the key column goes with the verdicts
+    batch = make_stage(Config(stage="dedup"))([new_document("t", "x", a), new_document("t", "x", a),
+                                               new_document("t", "x", b)])
+    assert [doc["reject"] for doc in batch] == ["", "dedup.exact_duplicate", ""]
+
+
 def test_planted_near_duplicates_are_found_and_distinct_texts_kept():
     originals = [article(seed) for seed in range(80)]
     copies = [near_copy(originals[i], seed=i) for i in range(0, 80, 2)]

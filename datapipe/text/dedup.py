@@ -12,12 +12,17 @@ A global stage: the runner hands it the whole dataset (`transform_dataset`). It
 4. maps the verdicts back: in each cluster the earliest document in dataset order
    survives; the others are rejected as dedup.exact_duplicate or dedup.near_duplicate.
    Every member of a cluster gets meta["dedup"] = {"cluster": survivor id, "size": n}.
+Verdicts travel by a random 128-bit key per record (a column added before step 1 and
+dropped with the verdicts), not by document id: ids come from a source's id_field when
+it has one, and two rows with one id would otherwise share one verdict (a unique text
+rejected as its namesake's duplicate).
 Dataset order is deterministic (the runner preserves order), so the same input gives
 the same survivors. 14 bands x 8 rows catch pairs of Jaccard similarity >= ~0.8 with
 probability > 0.99 and pairs below ~0.5 rarely (the S-curve 1-(1-s^8)^14).
 """
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from collections.abc import Callable
@@ -32,6 +37,7 @@ from datapipe.schema import Document, docs_from_table
 from datapipe.text.gopher import sorted_runs
 
 MERSENNE = np.uint64((1 << 61) - 1)
+KEY = "dedup_key"  # the per-record key column between the passes (16 random bytes)
 WORD = re.compile(r"\w+")
 SPACES = re.compile(r"\s+")
 
@@ -53,48 +59,57 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
         rows = [signature_row(doc["text"], cfg) for doc in docs]
         exact = np.array([r[0] for r in rows], np.uint64)
         bands = np.array([r[1] for r in rows], np.uint64).reshape(len(rows), cfg.bands)
-        verdicts = find_clusters(np.arange(len(docs)), exact, bands, cfg)
-        by_id = {docs[p]["id"]: (reason, docs[s]["id"], size) for p, (reason, s, size) in verdicts.items()}
-        return Verdicts(by_id)(docs)
+        for position, (reason, survivor, size) in find_clusters(np.arange(len(docs)), exact, bands, cfg).items():
+            judge(docs[position], reason, docs[survivor]["id"], size)
+        return docs
 
     return dedup_batch
 
 
 def transform_dataset(dataset: Any, cfg: Config, map_documents: Callable) -> Any:
     """The global pass (see the module docstring); returns the dataset with verdicts applied."""
-    dataset = dataset.materialize()
+    dataset = dataset.map_batches(with_keys, batch_size=cfg.batch_size, batch_format="pyarrow").materialize()
     signatures = dataset.map_batches(signature_table, fn_kwargs={"cfg": cfg}, batch_size=cfg.batch_size,
                                      batch_format="pyarrow")
-    ids, exact, bands = collect(signatures, cfg)
-    verdicts = find_clusters(np.arange(len(ids)), exact, bands, cfg)
-    by_id = {ids[p]: (reason, ids[survivor], size) for p, (reason, survivor, size) in verdicts.items()}
-    return map_documents(dataset, Verdicts(by_id))
+    keys, ids, exact, bands = collect(signatures, cfg)
+    verdicts = find_clusters(np.arange(len(keys)), exact, bands, cfg)
+    by_key = {keys[p]: (reason, ids[survivor], size) for p, (reason, survivor, size) in verdicts.items()}
+    return map_documents(dataset, Verdicts(by_key))
+
+
+def with_keys(table):
+    """A Ray task: the batch with a random 128-bit key per record (collisions: ~n^2 / 2^129)."""
+    import pyarrow as pa
+
+    return table.append_column(KEY, pa.array([os.urandom(16) for _ in range(len(table))], pa.binary(16)))
 
 
 def signature_table(table, cfg: Config):
-    """A Ray task: (id, exact hash, band keys) of each live document of a batch, in order. Rejected
-    documents take no part in dedup, so they cost no MinHash (~1.6 ms a document)."""
+    """A Ray task: (key, id, exact hash, band keys) of each live document of a batch, in order.
+    Rejected documents take no part in dedup, so they cost no MinHash (~1.6 ms a document)."""
     import pyarrow as pa
 
     live = [doc for doc in docs_from_table(table) if not doc["reject"]]
     rows = [signature_row(doc["text"], cfg) for doc in live]
     return pa.table({  # explicit types: a batch with no live document still has the schema
+        KEY: pa.array([doc[KEY] for doc in live], pa.binary(16)),
         "id": pa.array([doc["id"] for doc in live], pa.string()),
         "exact": pa.array([r[0] for r in rows], pa.uint64()),
         "bands": pa.array([r[1] for r in rows], pa.list_(pa.uint64(), cfg.bands)),
     })
 
 
-def collect(signatures: Any, cfg: Config) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """The live documents' ids and hashes on the driver, in dataset order."""
-    ids, exact, bands = [], [], []
+def collect(signatures: Any, cfg: Config) -> tuple[list[bytes], list[str], np.ndarray, np.ndarray]:
+    """The live documents' keys, ids and hashes on the driver, in dataset order."""
+    keys, ids, exact, bands = [], [], [], []
     for table in signatures.iter_batches(batch_format="pyarrow", batch_size=None):
+        keys += table.column(KEY).to_pylist()
         ids += table.column("id").to_pylist()
         exact.append(table.column("exact").to_numpy())
         bands.append(table.column("bands").combine_chunks().flatten().to_numpy().reshape(-1, cfg.bands))
     if not ids:
-        return [], np.zeros(0, np.uint64), np.zeros((0, cfg.bands), np.uint64)
-    return ids, np.concatenate(exact), np.concatenate(bands)
+        return [], [], np.zeros(0, np.uint64), np.zeros((0, cfg.bands), np.uint64)
+    return keys, ids, np.concatenate(exact), np.concatenate(bands)
 
 
 def signature_row(text: str, cfg: Config) -> tuple[int, list[int]]:
@@ -184,16 +199,18 @@ def union(parent: np.ndarray, a: int, b: int) -> None:
 class Verdicts:
     """The per-batch step: sets rejects and cluster ids from the global verdicts (picklable)."""
 
-    def __init__(self, by_id: dict[str, tuple[str, str, int]]):
-        self.by_id = by_id
+    def __init__(self, by_key: dict[bytes, tuple[str, str, int]]):
+        self.by_key = by_key
 
     def __call__(self, docs: list[Document]) -> list[Document]:
         for doc in docs:
-            verdict = self.by_id.get(doc["id"])
-            if verdict is None:
-                continue
-            reason, survivor, size = verdict
-            doc["meta"]["dedup"] = {"cluster": survivor, "size": size}
-            if reason:
-                doc["reject"] = f"dedup.{reason}"
+            verdict = self.by_key.get(doc.pop(KEY, None))
+            if verdict is not None:
+                judge(doc, *verdict)
         return docs
+
+
+def judge(doc: Document, reason: str, survivor: str, size: int) -> None:
+    doc["meta"]["dedup"] = {"cluster": survivor, "size": size}
+    if reason:
+        doc["reject"] = f"dedup.{reason}"
