@@ -53,7 +53,8 @@ def work_items(recipe: Any, source: Any) -> list[dict[str, Any]]:
 
 def expand_path(path: Path) -> list[str]:
     if any(ch in str(path) for ch in "*?["):
-        return sorted(glob.glob(str(path), recursive=True))
+        # a pattern that matches nothing is read as a missing file: a reject that names it, not a silent skip
+        return sorted(glob.glob(str(path), recursive=True)) or [str(path)]
     if path.is_dir() and not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
         return sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
     return [str(path)]  # a missing file becomes a reject at read time, not a silent skip

@@ -7,7 +7,7 @@ import zstandard
 
 from datapipe.config import RecipeError, SourceConfig, validate_recipe
 from datapipe.generators import pydoc_topics, python_programs
-from datapipe.sources import read_hf_disk, read_jsonl, read_parquet, work_items
+from datapipe.sources import read_hf_disk, read_jsonl, read_parquet, read_work_item, work_items
 from tests.conftest import write_jsonl
 
 GOOD = [{"id": f"d{i}", "text": f"document number {i}", "url": f"https://example.org/{i}"} for i in range(5)]
@@ -61,10 +61,12 @@ def test_a_source_with_no_existing_path_fails_before_any_work(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", GOOD[:1])
     recipe = validate_recipe({
         "name": "t", "stages": [{"stage": "tokenize"}], "base_dir": str(tmp_path),
-        "sources": [{"name": "web", "type": "jsonl", "paths": ["a.jsonl", "gone.jsonl"]},
+        "sources": [{"name": "web", "type": "jsonl", "paths": ["a.jsonl", "gone.jsonl", "typo/*.jsonl"]},
                     {"name": "lost", "type": "jsonl", "paths": ["gone.jsonl", "*.nope"]}]})
     items = work_items(recipe, recipe.sources[0])  # one missing file among others: a reject at read time
-    assert [item["path"] for item in items] == [str(tmp_path / "a.jsonl"), str(tmp_path / "gone.jsonl")]
+    assert [item["path"] for item in items] == [str(tmp_path / p) for p in ("a.jsonl", "gone.jsonl", "typo/*.jsonl")]
+    unmatched = list(read_work_item(recipe.sources[0], 0, items[2]))  # so is a pattern that matches nothing
+    assert [(d["reject"], d["source_id"]) for d in unmatched] == [("read.missing_file", str(tmp_path / "typo/*.jsonl"))]
     with pytest.raises(RecipeError, match=r"sources\.lost\.paths: \['gone.jsonl', '\*.nope'\] matched no files"):
         work_items(recipe, recipe.sources[1])
 
