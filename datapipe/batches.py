@@ -1,8 +1,9 @@
 """Batches of consecutive samples: `datapipe.stream(path, batch_size=8)` yields dicts of B samples.
 
-A batch is its samples collated: an array shaped like the sample's tokens (tokens, loss_mask,
-position_ids) is stacked into [B, seq_len]; every other field is a list of B values (key,
-doc_lens, doc_ids, images...), so a batch's types never depend on its contents.
+A batch is its samples collated (collate): a field whose every value is an array shaped like
+the first sample's tokens (tokens, loss_mask, position_ids) is stacked into [B, seq_len]; any
+other field is a list of B values (key, doc_lens, doc_ids, images...). The rule looks at the
+batch's own samples, never at the rest of their shard.
 
 Stacking copies every token, which costs about what `cat` spends reading them, and the
 per-sample loader spends ~20 us of Python a sample at 8K tokens where `cat` spends 8. So
@@ -29,14 +30,19 @@ LISTED = ("doc_lens",)  # arrays never stacked, even if as long as the tokens: o
 
 
 class Rows(NamedTuple):
-    """Samples of one span, column by column, before they are cut into batches."""
+    """Samples of one span before they are cut into batches: as columns (span_rows) or as decoded
+    sample dicts, which are collated batch by batch (what stacks depends on the batch's samples)."""
 
-    columns: dict[str, Any]  # field -> stacked rows (an array [n, ...]) or a list of n values
+    columns: dict[str, Any] | list[dict[str, Any]]  # field -> stacked rows or a list of n values; or n samples
     slots: list[int] | None  # each row's position in the span; None: row i is position i
     size: int  # positions the span covers: its rows, and samples left out (bad, or of a skipped shard)
 
     def position_after(self, row: int) -> int:
         return (row if self.slots is None else self.slots[row]) + 1
+
+    def __len__(self) -> int:
+        columns = self.columns
+        return len(columns) if columns.__class__ is list else len(columns["key"])
 
 
 def span_rows(buffer, plan: SpanPlan, with_positions: bool, positions: np.ndarray | None) -> Rows | None:
@@ -82,12 +88,15 @@ def strided(column: ArrayColumn, width: int) -> np.ndarray:
 
 def json_fields(array: np.ndarray, json: tuple, taken: dict[str, Any]) -> dict[str, list] | None:
     """The json headers of a span as a list per field (one orjson call for all of them); None when
-    one does not parse, is not an object, or the headers differ in their fields or shadow a column."""
+    one does not parse, is not an object, holds more than one (`{..}, {..}` parses here, not
+    alone), or the headers differ in their fields or shadow a column."""
     view = memoryview(array)
     try:
         headers = json_loads(b"[" + b",".join([view[at : at + size] for at, size in
                                                 zip(json[1].tolist(), json[2].tolist())]) + b"]")
     except DECODE_ERRORS:
+        return None
+    if len(headers) != len(json[1]):
         return None
     names = headers[0].keys() if headers[0].__class__ is dict else None
     if names is None or names & taken.keys() or any(h.__class__ is not dict or h.keys() != names for h in headers):
@@ -109,14 +118,19 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
-def take(columns: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+def take(columns: dict[str, Any] | list, start: int, stop: int) -> dict[str, Any] | list:
+    if columns.__class__ is list:
+        return columns[start:stop]
     return {name: values[start:stop] for name, values in columns.items()}
 
 
-def join(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Pieces of one batch from consecutive spans, in order: stacked columns concatenated (a copy)."""
+def join(parts: list[dict[str, Any] | list]) -> dict[str, Any]:
+    """Pieces of one batch from consecutive spans, in order, as collate() would make the batch of
+    their samples: columns joined (stacked ones concatenated, a copy); decoded samples collated."""
+    if any(part.__class__ is list for part in parts):
+        return collate(list(chain.from_iterable(part if part.__class__ is list else unstack(part) for part in parts)))
     if len(parts) == 1:
-        return parts[0]
+        return settle(parts[0])
     batch = {}
     for name in dict.fromkeys(chain.from_iterable(parts)):
         values = [part.get(name) for part in parts]
@@ -125,7 +139,26 @@ def join(parts: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             batch[name] = list(chain.from_iterable(
                 [None] * len(part["key"]) if v is None else v for part, v in zip(parts, values)))
+    return settle(batch)
+
+
+def settle(batch: dict[str, Any]) -> dict[str, Any]:
+    """Columns of one batch stacked as collate stacks them: a list of arrays all shaped like the
+    first row's tokens is stacked here (span_rows decides per span; a batch may hold only the
+    rows that fit). Stacked columns come shaped like their span's tokens, so they stay."""
+    tokens = batch.get("tokens")
+    shape = tokens.shape[1:] if tokens.__class__ is np.ndarray else getattr(tokens[0], "shape", None) \
+        if tokens else None
+    for name, values in batch.items():
+        if values.__class__ is list and values and values[0].__class__ is np.ndarray and name not in LISTED and \
+                all(v.__class__ is np.ndarray and v.shape == shape for v in values):
+            batch[name] = np.stack(values)
     return batch
+
+
+def unstack(columns: dict[str, Any]) -> list[dict[str, Any]]:
+    """Columns back into sample dicts (rows of stacked arrays are views), to be collated with decoded samples."""
+    return [dict(zip(columns, row)) for row in zip(*columns.values())]
 
 
 def batched(spans: Iterator[Rows], batch_size: int, drop_last: bool, position: int,
@@ -142,7 +175,7 @@ def batched(spans: Iterator[Rows], batch_size: int, drop_last: bool, position: i
             if not drop_last:
                 yield join(parts), position
             parts, missing = [], batch_size
-        count, done, stage = len(rows.columns["key"]), 0, here
+        count, done, stage = len(rows), 0, here
         while done < count:
             step = min(missing, count - done)
             parts.append(take(rows.columns, done, done + step))

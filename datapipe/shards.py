@@ -215,8 +215,9 @@ def finish_sample(sample: dict[str, Any], with_positions: bool = True) -> Packed
     position ids that doc_lens imply. The decoder (datapipe.tarsamples) put images in span order."""
     sample.setdefault("images", [])
     sample.setdefault("media_spans", [])
-    if with_positions and "doc_lens" in sample and "seq_len" in sample:
-        sample["position_ids"] = derive_position_ids(sample["doc_lens"], sample["seq_len"])
+    seq_len = sequence_length(sample) if with_positions and "doc_lens" in sample else None
+    if seq_len is not None:
+        sample["position_ids"] = derive_position_ids(sample["doc_lens"], seq_len)
     return sample
 
 
@@ -236,33 +237,48 @@ def finish_samples(samples: list, with_positions: bool = True, buffers: Any = No
             if sample.__class__ is dict:
                 sample["position_ids"] = row
         return
+    kept, lengths = [], []
     for number, sample in enumerate(samples):
-        if sample.__class__ is dict and "doc_lens" in sample and "seq_len" in sample and not pieces_fit(sample):
+        seq_len = sequence_length(sample) if sample.__class__ is dict and "doc_lens" in sample else None
+        if seq_len is None:
+            continue
+        if not pieces_fit(sample["doc_lens"], seq_len):
             samples[number] = BadSample(shard, ShardError(
-                f"{shard}: sample {sample['key']}: doc_lens {sample['doc_lens'].tolist()} are not pieces of "
-                f"seq_len {sample['seq_len']}; check it with verify=True, rewrite it, or read with on_error='skip'"))
-    add_position_ids([s for s in samples if s.__class__ is dict and "doc_lens" in s and "seq_len" in s], buffers)
+                f"{shard}: sample {sample['key']}: doc_lens {np.asarray(sample['doc_lens']).tolist()} are not pieces "
+                f"of seq_len {seq_len}; check it with verify=True, rewrite it, or read with on_error='skip'"))
+        else:
+            kept.append(sample)
+            lengths.append(seq_len)
+    add_position_ids(kept, lengths, buffers)
 
 
-def pieces_fit(sample: dict[str, Any]) -> bool:
-    lens = np.asarray(sample["doc_lens"])
+def sequence_length(sample: dict[str, Any]) -> int | None:
+    """The sample's seq_len (its json header); without the header (the loader's fields= left it
+    out) its tokens' length, which the writer makes equal; None without either."""
+    if "seq_len" in sample:
+        return sample["seq_len"]
+    tokens = sample.get("tokens")
+    return None if tokens is None else len(tokens)
+
+
+def pieces_fit(doc_lens: Any, seq_len: int) -> bool:
+    lens = np.asarray(doc_lens)
     return lens.ndim == 1 and lens.dtype.kind in "iu" and lens.min(initial=0) >= 0 and \
-        int(lens.sum(dtype=np.int64)) <= sample["seq_len"]
+        int(lens.sum(dtype=np.int64)) <= seq_len
 
 
-def add_position_ids(samples: list[dict[str, Any]], buffers: Any = None) -> None:
-    """Each sample's position ids, as rows of one array (positions_from_pieces); samples whose
-    pieces do not tile it (mixed seq_len, pieces longer than the sequence, none) take
-    derive_position_ids one at a time."""
+def add_position_ids(samples: list[dict[str, Any]], lengths: list[int], buffers: Any = None) -> None:
+    """Each sample's position ids for its sequence length (lengths[i] for samples[i]), as rows of
+    one array (positions_from_pieces); samples whose pieces do not tile it (mixed lengths, pieces
+    longer than the sequence, none) take derive_position_ids one at a time."""
     if not samples:
         return
-    seq_len, lens = samples[0]["seq_len"], [np.asarray(s["doc_lens"]) for s in samples]
+    seq_len, lens = lengths[0], [np.asarray(s["doc_lens"]) for s in samples]
     counts = np.fromiter(map(len, lens), dtype=np.int64, count=len(lens))
-    pieces = None if any(s["seq_len"] != seq_len for s in samples) else tile_pieces(np.concatenate(lens), counts,
-                                                                                     seq_len)
+    pieces = None if any(n != seq_len for n in lengths) else tile_pieces(np.concatenate(lens), counts, seq_len)
     if pieces is None:
-        for sample in samples:
-            sample["position_ids"] = derive_position_ids(sample["doc_lens"], sample["seq_len"])
+        for sample, length in zip(samples, lengths):
+            sample["position_ids"] = derive_position_ids(sample["doc_lens"], length)
         return
     for sample, row in zip(samples, positions_from_pieces(pieces, len(samples), seq_len, buffers)):
         sample["position_ids"] = row

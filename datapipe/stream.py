@@ -194,14 +194,15 @@ class Stream:
             yield batch
 
     def rows_of(self, samples: list) -> Rows:
-        """Decoded samples as rows: the bad ones raised or left out, as in_order does."""
+        """Decoded samples as rows, collated batch by batch (batches.join): the bad ones raised or
+        left out, as in_order does."""
         slots = []
         for slot, sample in enumerate(samples):
             if sample.__class__ is dict:
                 slots.append(slot)
             elif sample is not None:
                 self.bad_sample(sample)
-        return Rows(collate([samples[slot] for slot in slots]) if slots else {"key": []}, slots, len(samples))
+        return Rows([samples[slot] for slot in slots], slots, len(samples))
 
     def collated(self, samples: Iterator[PackedSample], ends: list[int]) -> Iterator[dict[str, Any]]:
         """Shuffled samples in batches, stacked (a copy: a window's samples lie all over its

@@ -214,3 +214,55 @@ def test_resume_across_a_stage_switch_with_batches(tmp_path, shuffle):
         resumed.load_state_dict(loader.state_dict())
         after = iter(resumed)
         assert [next(after)["key"] for _ in range(3)] == reference[cut : cut + 3], f"cut after {cut} batches"
+
+
+@pytest.mark.parametrize("odd_mask", ["missing", "short"])
+@pytest.mark.parametrize("batch_size", [3, 4, 5])
+def test_what_a_batch_stacks_depends_on_its_own_samples(tmp_path, odd_mask, batch_size):
+    samples = [sample(f"s-{i:03d}", 2, 10) for i in range(24)]
+    for s in samples[6:12] + samples[18:]:  # half of each shard: no loss_mask, or one shorter than the tokens
+        if odd_mask == "missing":
+            del s["loss_mask"]
+        else:
+            s["loss_mask"] = s["loss_mask"][:-8]
+    write_samples(tmp_path, samples, per_shard=12)
+    batches = list(stream(tmp_path, batch_size=batch_size))
+    expected = reference(tmp_path, batch_size)
+    assert len(batches) == len(expected)
+    for batch, want in zip(batches, expected):
+        assert_same_batch(batch, want)
+    assert isinstance(batches[0]["loss_mask"], np.ndarray)  # its samples all have a full mask: stacked
+
+
+def write_foreign_stage(folder, headers, width=16):
+    """One shard as another tool writes it (no index, json headers without seq_len): tokens,
+    doc_lens and a json member a sample, the json bytes as given."""
+    import io
+    import tarfile
+
+    from datapipe.shards import npy_bytes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(folder / "shard-000000.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i, header in enumerate(headers):
+            members = {"tokens.npy": npy_bytes(np.arange(width, dtype=np.uint32) + i),
+                       "doc_lens.npy": npy_bytes(np.array([width], np.int32)), "json": header}
+            for suffix, data in members.items():
+                info = tarfile.TarInfo(f"s-{i:03d}.{suffix}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    size = (folder / "shard-000000.tar").stat().st_size
+    shards = [{"name": "shard-000000.tar", "samples": len(headers), "bytes": size, "tokens": width * len(headers)}]
+    (folder / "manifest.json").write_text(json.dumps({"stage": "main", "shards": shards}))
+
+
+def test_a_json_member_holding_two_headers_is_a_bad_sample(tmp_path):
+    headers = [json.dumps({"n": i}).encode() for i in range(6)]
+    write_foreign_stage(tmp_path / "good", headers)
+    assert [n for batch in stream(tmp_path / "good", batch_size=3) for n in batch["n"]] == list(range(6))
+    headers[2] = b'{"n": 2}, {"n": 99}'  # one member, two objects: parsed with its neighbours it shifts them
+    write_foreign_stage(tmp_path / "bad", headers)
+    with pytest.raises(ShardError, match=r"member s-002\.json does not decode"):
+        list(stream(tmp_path / "bad", batch_size=3))
+    batches = list(stream(tmp_path / "bad", batch_size=3, on_error="skip"))
+    assert [n for batch in batches for n in batch["n"]] == [0, 1, 3, 4, 5]

@@ -203,7 +203,7 @@ def test_position_ids_of_a_batch_equal_one_at_a_time():
             samples.append({"doc_lens": lens, "seq_len": seq_len})
         if trial % 10 == 0:  # not tiling: another seq_len, or pieces longer than the sequence
             samples.append({"doc_lens": np.array([seq_len + 3], np.int32), "seq_len": seq_len + 3 + trial % 20})
-        add_position_ids(samples, pool if trial % 2 else None)
+        add_position_ids(samples, [s["seq_len"] for s in samples], pool if trial % 2 else None)
         for sample in samples:
             expected = derive_position_ids(sample["doc_lens"], sample["seq_len"])
             assert sample["position_ids"].dtype == np.int32 and np.array_equal(sample["position_ids"], expected)

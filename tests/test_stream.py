@@ -633,3 +633,29 @@ def test_cache_writes_of_one_shard_from_two_threads_do_not_collide(tmp_path):
     for thread in threads:
         thread.join()
     assert errors == [] and target.read_bytes() in (b"\x00" * 4096, b"\x01" * 4096)
+
+
+def test_fields_without_the_json_header_still_check_doc_lens_and_derive_positions(tmp_path):
+    from datapipe.shards import ShardWriter, derive_position_ids
+
+    def sample(i, seq_len, lens):
+        return {"key": f"s-{i:03d}", "tokens": np.arange(seq_len, dtype=np.uint32), "seq_len": seq_len,
+                "doc_lens": np.array(lens, np.int32), "doc_ids": ["d"] * len(lens), "num_pad": seq_len - sum(lens)}
+
+    def write(folder, samples):
+        with ShardWriter(folder, 10, {"stage": "main", "seq_len": 64}) as writer:
+            for s in samples:
+                writer.write(s)
+
+    mixed = [sample(0, 64, [30, 34]), sample(1, 32, [10, 20]), sample(2, 64, [64])]  # two lengths: no shared rows
+    write(tmp_path / "mixed", mixed)
+    for fields in (None, ("tokens", "doc_lens")):
+        back = list(stream(tmp_path / "mixed", fields=fields))
+        assert [s["key"] for s in back] == ["s-000", "s-001", "s-002"]
+        for got, want in zip(back, mixed):
+            assert np.array_equal(got["position_ids"], derive_position_ids(want["doc_lens"], want["seq_len"]))
+    write(tmp_path / "damaged", [sample(0, 64, [30, 34]), sample(1, 64, [40, 40]), sample(2, 64, [64])])
+    for fields in (None, ("tokens", "doc_lens")):  # 80 tokens of documents in a 64-token sample
+        with pytest.raises(ShardError, match=r"sample s-001: doc_lens \[40, 40\] are not pieces of seq_len 64"):
+            list(stream(tmp_path / "damaged", fields=fields))
+        assert [s["key"] for s in stream(tmp_path / "damaged", fields=fields, on_error="skip")] == ["s-000", "s-002"]
