@@ -84,25 +84,34 @@ def parse_index(data: bytes | str, shard: str, entry: dict[str, Any]) -> ShardIn
     does not match its size and sha256) and against the shard's bounds."""
     try:
         index = json_loads(data)
+        if index.__class__ is not dict:
+            raise ValueError(f"a JSON {type(index).__name__}, not an object")
         if index.get("format") not in READABLE_FORMATS:
             raise ValueError(f"format {index.get('format')!r}, expected one of {', '.join(READABLE_FORMATS)}")
         if index["bytes"] != entry["bytes"] or index["sha256"] != entry.get("sha256", index["sha256"]):
             raise ValueError("it belongs to another version of the shard (size or sha256 differ)")
-        keys, counts, table = index["keys"], *member_table(index)
+        keys = index["keys"]
+        if keys.__class__ is not list or not all(key.__class__ is str for key in keys):
+            raise ValueError("its keys are not a list of strings")
+        counts, table = member_table(index, len(keys))
         columns = checked_columns(counts, table, len(keys), entry["bytes"])
         arrays = {suffix: array_layout(layout) for suffix, layout in index.get("arrays", {}).items()}
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as err:
         raise ShardError(f"{shard}: its index does not match it ({err}); {REINDEX}") from None
     return ShardIndex(keys, columns, arrays=arrays)
 
 
-def member_table(index: dict[str, Any]) -> tuple[dict[str, int], np.ndarray]:
+def member_table(index: dict[str, Any], samples: int) -> tuple[dict[str, int], np.ndarray]:
     """(members per suffix, in archive order; a 3 x members int64 table of their sample numbers,
-    data offsets and sizes, column after column): one numpy array for the whole index."""
+    data offsets and sizes, column after column): one numpy array for the whole index. A column
+    has at most one member a sample, which bounds what a progression may expand to."""
     members = index["members"]
+    if members.__class__ is not dict or any(column.__class__ is not list or len(column) != 3
+                                            for column in members.values()):
+        raise ValueError("its members are not three lists (numbers, offsets, sizes) per column")
     lengths = [[part_length(part) for part in column] for column in members.values()]
-    if any(len(set(column)) > 1 for column in lengths):
-        raise ValueError("its columns have lists of different lengths")
+    if any(len(set(column)) > 1 or column[0] > samples for column in lengths):
+        raise ValueError("its columns have lists of different lengths, or more members than samples")
     values = [part_values(part) for row in zip(*members.values()) for part in row]  # numbers of each column, ...
     table = np.concatenate(values).reshape(3, -1) if values else np.empty((3, 0), dtype=np.int64)
     return {suffix: column[0] for suffix, column in zip(members, lengths)}, table
@@ -123,15 +132,19 @@ def part_length(part: list[int] | dict[str, int]) -> int:
 
 def progression(part: dict[str, int]) -> tuple[int, int, int]:
     start, step, count = part["start"], part["step"], part["count"]
-    if not all(value.__class__ is int for value in (start, step, count)) or count < 0:
-        raise ValueError(f"a progression {part!r} that is not three integers")
+    if not all(value.__class__ is int for value in (start, step, count)) or count < 0 or \
+            max(abs(start), abs(start + step * count)) >= 1 << 62:
+        raise ValueError(f"a progression {part!r} that is not three integers (of int64's range)")
     return start, step, count
 
 
 def part_values(part: list[int] | dict[str, int]) -> np.ndarray:
     """index_part's output as int64 values."""
     if part.__class__ is not dict:
-        return np.array(part, dtype=np.int64).reshape(-1)
+        values = np.array(part)
+        if values.ndim != 1 or (len(values) and values.dtype.kind not in "iu"):
+            raise ValueError("a list that is not of integers")
+        return values.astype(np.int64)
     start, step, count = progression(part)
     return start + step * ramp(count)
 

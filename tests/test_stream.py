@@ -311,6 +311,33 @@ def test_a_progression_that_is_not_integers_refuses_the_index(stage_copy, caplog
     assert "its index does not match it (a progression" in caplog.text
 
 
+def expand(part):
+    return index_columns({"members": {"column": [part]}})["column"][0]
+
+
+def spoil_tokens_column(part):
+    def spoil(index):
+        index["members"]["tokens.npy"] = part(index["members"]["tokens.npy"])
+        return index
+    return spoil
+
+
+@pytest.mark.parametrize("edit", [
+    lambda index: [index],  # not an object
+    spoil_tokens_column(lambda column: []),  # a column without its three lists
+    spoil_tokens_column(lambda column: column[:2]),
+    spoil_tokens_column(lambda column: [{"start": 0, "step": 1, "count": 10**12}, *column[1:]]),  # 8 TB of numbers
+    spoil_tokens_column(lambda column: [{"start": 2**62, "step": 2**62, "count": 10}, *column[1:]]),  # overflows
+    spoil_tokens_column(lambda column: [[[n] for n in expand(column[0])], *column[1:]]),  # nested lists
+    spoil_tokens_column(lambda column: [column[0], [1536.5] * len(expand(column[1])), column[2]]),  # not integers
+])
+def test_a_malformed_index_is_refused_and_the_shard_walked(stage_copy, caplog, edit):
+    rewrite_indexes(stage_copy, edit)
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(stage_copy)), list(read_shards(stage_copy)))
+    assert "its index does not match it" in caplog.text
+
+
 def test_an_index_that_does_not_match_its_shard_is_not_used(stage_copy, caplog):
     first, second = (stage_copy / f"shard-00000{i}.index.json" for i in (1, 2))
     first.write_bytes(second.read_bytes())  # another shard's index
