@@ -3,7 +3,7 @@
     dataset = StreamDataset("out/demo", shuffle=True, seed=0)   # rank and world_size from torch.distributed
     loader = StatefulDataLoader(dataset, batch_size=8, num_workers=2, collate_fn=collate_packed)
     # or batches made by the loader (views of the shards, no per-sample Python; see datapipe.batches):
-    dataset = StreamDataset("out/demo", batch_size=8)
+    dataset = StreamDataset("out/demo", batch_size=8, num_workers=2)  # num_workers as the DataLoader's, for len()
     loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2, collate_fn=packed_batch)
     ...  torch.save(loader.state_dict(), path)  ...  loader.load_state_dict(torch.load(path))
 
@@ -15,6 +15,7 @@ needs no torch; this module is the only one that imports it.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,15 +33,18 @@ from datapipe.batches import collate
 from datapipe.shards import int32_range
 from datapipe.stream import Stream
 
+log = logging.getLogger(__name__)
+
 
 class StreamDataset(IterableDataset):
     """One rank's samples; DataLoader workers split them; state_dict()/load_state_dict() per worker."""
 
     def __init__(self, source: str | Path | list[str | Path], rank: int | None = None,
-                 world_size: int | None = None, **options: Any):
+                 world_size: int | None = None, num_workers: int = 0, **options: Any):
         rank, world_size = default_placement(rank, world_size)
         self.template = Stream(source, rank=rank, world_size=world_size, **options)
         self.current: Stream | None = None
+        self.num_workers = max(1, num_workers)  # the DataLoader's (0: its main process): len() needs it with batch_size
 
     def stream(self) -> Stream:
         """This worker's Stream, made on first use inside the worker process."""
@@ -49,13 +53,20 @@ class StreamDataset(IterableDataset):
         place = self.current.place if self.current else None
         if place is None or (place.worker, place.num_workers) != (worker, num_workers):
             self.current = self.template.for_worker(worker, num_workers)
+            if self.template.options.batch_size and num_workers != self.num_workers and worker == 0:
+                log.warning("StreamDataset(num_workers=%d) under a DataLoader with %d workers: len() counts the "
+                            "batches of %d; pass num_workers=%d", self.num_workers, num_workers, self.num_workers,
+                            num_workers)
         return self.current
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.stream())
 
     def __len__(self) -> int:
-        return len(self.template)
+        """Samples of this rank; with batch_size, batches: each worker cuts its own share into
+        batches (its last one short), so the count depends on the DataLoader's num_workers."""
+        workers = self.num_workers if self.template.options.batch_size else 1
+        return sum(len(self.template.for_worker(worker, workers)) for worker in range(workers))
 
     def set_epoch(self, epoch: int) -> None:
         """Call at the start of each epoch, as with DistributedSampler: worker processes start from copies."""
@@ -90,6 +101,7 @@ def packed_batch(batch: dict[str, Any]) -> dict[str, Any]:
     collate_fn=packed_batch)) for varlen attention: its stacked arrays as tensors (tokens
     [B, seq_len] as int64, since torch has few uint32 ops; loss_mask...), position_ids restarting
     at every document, cu_seqlens (int32 document boundaries over the flattened batch), the keys."""
+    check_packable(batch)
     out: dict[str, Any] = {"keys": batch["key"]}
     for name, value in batch.items():
         if isinstance(value, np.ndarray):
@@ -102,6 +114,16 @@ def packed_batch(batch: dict[str, Any]) -> dict[str, Any]:
     flat = np.concatenate([[0], np.cumsum([n for row in lengths for n in row])])
     out["cu_seqlens"] = torch.from_numpy(flat.astype(np.int32))
     return out
+
+
+def check_packable(batch: dict[str, Any]) -> None:
+    if not isinstance(batch.get("tokens"), np.ndarray) or batch["tokens"].ndim != 2:
+        raise ValueError("packed_batch needs samples of one length (tokens stacked into [B, seq_len]); these differ "
+                         "(two curriculum stages in one DataLoader batch?): use StreamDataset(..., batch_size=B) "
+                         "under DataLoader(batch_size=None), whose batches never mix stages")
+    if "doc_lens" not in batch:
+        raise ValueError("packed_batch needs doc_lens for position_ids and cu_seqlens: add 'doc_lens' to the "
+                         "loader's fields=")
 
 
 def documents_and_padding(doc_lens: np.ndarray, seq_len: int) -> list[int]:

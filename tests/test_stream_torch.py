@@ -104,3 +104,28 @@ def test_loader_batches_equal_the_dataloaders_own(stage, num_workers):
         assert mine.keys() == other.keys() and mine["keys"] == other["keys"]
         for name in mine.keys() - {"keys"}:
             assert mine[name].dtype == other[name].dtype and torch.equal(mine[name], other[name]), name
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+def test_len_counts_the_batches_each_worker_cuts(stage, num_workers):
+    dataset = StreamDataset(stage, batch_size=4, num_workers=num_workers)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers,
+                                         multiprocessing_context="fork" if num_workers else None)
+    batches = list(loader)
+    assert len(loader) == len(dataset) == len(batches)
+    assert sum(len(b["key"]) for b in batches) == len(StreamDataset(stage))
+    if num_workers == 3:  # 176 samples: shares of 59, 59, 58 each end in a short batch, 45 in all (not 44)
+        assert len(batches) > -(-len(StreamDataset(stage)) // 4)
+
+
+def test_packed_batch_says_what_it_needs(tmp_path):
+    from datapipe.batches import collate
+    from tests.test_stream import write_curriculum
+
+    write_curriculum(tmp_path)  # a 64-token stage, then a 128-token one
+    samples = list(StreamDataset(tmp_path))
+    switch = [s["seq_len"] for s in samples].index(128)
+    with pytest.raises(ValueError, match="needs samples of one length"):
+        collate_packed(samples[switch - 1 : switch + 1])
+    with pytest.raises(ValueError, match="add 'doc_lens' to the loader's fields="):
+        packed_batch(collate(list(StreamDataset(tmp_path, fields=("tokens",), position_ids=False))[:2]))
