@@ -217,6 +217,9 @@ def read_hf_disk(cfg: Any, path: str) -> Iterator[Document]:
     """A Hugging Face `datasets` Dataset or DatasetDict written with save_to_disk."""
     import datasets
 
+    if not Path(path).exists():  # a typo, or a pattern that matched nothing: as the file readers say it
+        yield new_reject(cfg.name, path, "read.missing_file", f"no such folder: {path}")
+        return
     try:
         loaded = datasets.load_from_disk(path)
     except (FileNotFoundError, ValueError, OSError) as err:

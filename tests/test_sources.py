@@ -96,6 +96,12 @@ def test_hf_dataset_saved_to_disk(tmp_path):
     docs = list(read_hf_disk(source(type="hf_disk", text_field="content"), str(folder)))
     assert sorted(d["text"] for d in docs) == ["one", "three", "two"]
     assert all(not d["reject"] for d in docs)
+    for missing in ("gone", "hf-*"):  # a typo, a pattern that matches nothing: as the file readers say it
+        docs = list(read_hf_disk(source(type="hf_disk"), str(tmp_path / missing)))
+        assert [(d["reject"], d["source_id"]) for d in docs] == [("read.missing_file", str(tmp_path / missing))]
+    (tmp_path / "plain").mkdir()  # a folder that is not a saved dataset
+    assert [d["reject"] for d in read_hf_disk(source(type="hf_disk"), str(tmp_path / "plain"))] == \
+        ["read.unreadable_dataset"]
 
 
 def test_generators_are_seeded_and_split_invariant():

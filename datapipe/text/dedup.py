@@ -6,8 +6,9 @@ A global stage: the runner hands it the whole dataset (`transform_dataset`). It
    text (lower-cased, whitespace collapsed) and a MinHash signature over word
    `ngram_size`-shingles (`bands` x `rows` permutations of a 64-bit xxhash), kept as
    one 64-bit key per band,
-3. pulls only (position, hashes) to the driver - 8 * (1 + bands) bytes a document,
-   120 MB for 1M documents at 14 bands - and finds clusters there with numpy: documents
+3. pulls only (key, id, hashes) to the driver - 16 + id + 8 * (1 + bands) bytes a
+   document, about 150 MB for 1M documents at 14 bands - and finds clusters there with
+   numpy (by position in dataset order): documents
    sharing an exact hash, or any band key, are joined (union-find over the sorted keys),
 4. maps the verdicts back: in each cluster the earliest document in dataset order
    survives; the others are rejected as dedup.exact_duplicate or dedup.near_duplicate.
@@ -15,7 +16,11 @@ A global stage: the runner hands it the whole dataset (`transform_dataset`). It
 Verdicts travel by a random 128-bit key per record (a column added before step 1 and
 dropped with the verdicts), not by document id: ids come from a source's id_field when
 it has one, and two rows with one id would otherwise share one verdict (a unique text
-rejected as its namesake's duplicate).
+rejected as its namesake's duplicate). The keys are drawn once, in the materialized
+dataset; on a cluster, a block lost with its node is rebuilt by re-running its task, which
+draws new keys, and its documents then meet no verdict and are kept (duplicates pass, none
+is lost). Deterministic keys (a hash of the row) would give identical rows one key and one
+verdict, which rejects the survivor with its copies: worse.
 Dataset order is deterministic (the runner preserves order), so the same input gives
 the same survivors. 14 bands x 8 rows catch pairs of Jaccard similarity >= ~0.8 with
 probability > 0.99 and pairs below ~0.5 rarely (the S-curve 1-(1-s^8)^14).
