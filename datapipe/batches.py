@@ -146,14 +146,19 @@ def settle(batch: dict[str, Any]) -> dict[str, Any]:
     """Columns of one batch stacked as collate stacks them: a list of arrays all shaped like the
     first row's tokens is stacked here (span_rows decides per span; a batch may hold only the
     rows that fit). Stacked columns come shaped like their span's tokens, so they stay."""
-    tokens = batch.get("tokens")
-    shape = tokens.shape[1:] if tokens.__class__ is np.ndarray else getattr(tokens[0], "shape", None) \
-        if tokens else None
+    shape = row_shape(batch.get("tokens"))
     for name, values in batch.items():
         if values.__class__ is list and values and values[0].__class__ is np.ndarray and name not in LISTED and \
                 all(v.__class__ is np.ndarray and v.shape == shape for v in values):
             batch[name] = np.stack(values)
     return batch
+
+
+def row_shape(tokens: np.ndarray | list | None) -> tuple[int, ...] | None:
+    """The shape of the first row's tokens (stacked rows, or a list of arrays); None without them."""
+    if tokens.__class__ is np.ndarray:
+        return tokens.shape[1:]
+    return getattr(tokens[0], "shape", None) if tokens else None
 
 
 def unstack(columns: dict[str, Any]) -> list[dict[str, Any]]:
