@@ -87,16 +87,14 @@ def strided(column: ArrayColumn, width: int) -> np.ndarray:
 
 
 def json_fields(array: np.ndarray, json: tuple, taken: dict[str, Any]) -> dict[str, list] | None:
-    """The json headers of a span as a list per field (one orjson call for all of them); None when
-    one does not parse, is not an object, holds more than one (`{..}, {..}` parses here, not
-    alone), or the headers differ in their fields or shadow a column."""
+    """The json headers of a span as a list per field; None when one does not parse, is not an
+    object, or the headers differ in their fields or shadow a column. Each member is parsed on
+    its own (the members joined into one JSON list, parsed in one call, cost the same, and two
+    damaged members can join into two objects that are neither of them)."""
     view = memoryview(array)
     try:
-        headers = json_loads(b"[" + b",".join([view[at : at + size] for at, size in
-                                                zip(json[1].tolist(), json[2].tolist())]) + b"]")
+        headers = [json_loads(view[at : at + size]) for at, size in zip(json[1].tolist(), json[2].tolist())]
     except DECODE_ERRORS:
-        return None
-    if len(headers) != len(json[1]):
         return None
     names = headers[0].keys() if headers[0].__class__ is dict else None
     if names is None or names & taken.keys() or any(h.__class__ is not dict or h.keys() != names for h in headers):

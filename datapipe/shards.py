@@ -245,7 +245,7 @@ def finish_samples(samples: list, with_positions: bool = True, buffers: Any = No
         if not pieces_fit(sample["doc_lens"], seq_len):
             samples[number] = BadSample(shard, ShardError(
                 f"{shard}: sample {sample['key']}: doc_lens {np.asarray(sample['doc_lens']).tolist()} are not pieces "
-                f"of seq_len {seq_len}; check it with verify=True, rewrite it, or read with on_error='skip'"))
+                f"of seq_len {seq_len!r}; check it with verify=True, rewrite it, or read with on_error='skip'"))
         else:
             kept.append(sample)
             lengths.append(seq_len)
@@ -261,7 +261,10 @@ def sequence_length(sample: dict[str, Any]) -> int | None:
     return None if tokens is None else len(tokens)
 
 
-def pieces_fit(doc_lens: Any, seq_len: int) -> bool:
+def pieces_fit(doc_lens: Any, seq_len: Any) -> bool:
+    """doc_lens can be a sample's pieces: integers, none negative, seq_len (an int) at most in all."""
+    if seq_len.__class__ is not int:  # a header of another writer may hold "16" or 16.0
+        return False
     lens = np.asarray(doc_lens)
     return lens.ndim == 1 and lens.dtype.kind in "iu" and lens.min(initial=0) >= 0 and \
         int(lens.sum(dtype=np.int64)) <= seq_len

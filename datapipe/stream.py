@@ -85,9 +85,11 @@ class Stream:
                  worker: int = 0, num_workers: int = 1, **options: Any):
         self.place = Placement(rank, world_size, worker, num_workers)
         self.stages = load_stages(source)
+        if not self.stages:
+            raise ValueError("no stage to read: give a run folder, a stage folder, or a non-empty list of them")
         self.options = resolve_buffer(StreamOptions(**options), self.stages)
         self.fingerprint = data_fingerprint(self.stages)  # in every state_dict (torchdata takes one a batch)
-        check_options(self.options, self.place)
+        check_options(self.options, self.place, self.stages)
         self.epoch, self.position = 0, 0
         self.skipped: list[str] = []  # shards left out under on_error="skip", in the order met
         self.buffers: fetch.BufferPool | None = None  # shard buffers, made on the first iter()
@@ -97,7 +99,7 @@ class Stream:
         """The same loader for one DataLoader worker: a contiguous part of this rank's samples."""
         other = copy.copy(self)
         other.place = Placement(self.place.rank, self.place.world_size, worker, num_workers)
-        check_options(other.options, other.place)
+        check_options(other.options, other.place, other.stages)
         other.skipped, other.buffers, other.position_buffers = [], None, None
         return other
 
@@ -187,22 +189,25 @@ class Stream:
     def in_batches(self, spans: Iterator[Rows | list], ends: list[int]) -> Iterator[dict[str, Any]]:
         """Batches of consecutive samples: slices of the spans' rows, which the prefetch threads
         made, or of samples decoded here when a span is not laid out for that."""
-        rows = (item if item.__class__ is Rows else self.rows_of(item) for item in spans)
+        rows = chain.from_iterable((item,) if item.__class__ is Rows else self.rows_of(item) for item in spans)
         options = self.options
         for batch, position in batched(rows, options.batch_size, options.drop_last, self.position, ends):
             self.position = position
             yield batch
 
-    def rows_of(self, samples: list) -> Rows:
-        """Decoded samples as rows, collated batch by batch (batches.join): the bad ones raised or
-        left out, as in_order does."""
-        slots = []
+    def rows_of(self, samples: list) -> Iterator[Rows]:
+        """Decoded samples as rows, collated batch by batch (batches.join). A bad sample is left
+        out, or under on_error="raise" raised after the rows before it, so that the batches they
+        complete come out first, as the per-sample loader yields those samples."""
+        slots: list[int] = []
         for slot, sample in enumerate(samples):
             if sample.__class__ is dict:
                 slots.append(slot)
             elif sample is not None:
+                if self.options.on_error == "raise":
+                    yield Rows([samples[s] for s in slots], slots, slot)
                 self.bad_sample(sample)
-        return Rows([samples[slot] for slot in slots], slots, len(samples))
+        yield Rows([samples[slot] for slot in slots], slots, len(samples))
 
     def collated(self, samples: Iterator[PackedSample], ends: list[int]) -> Iterator[dict[str, Any]]:
         """Shuffled samples in batches, stacked (a copy: a window's samples lie all over its
@@ -269,6 +274,9 @@ class Stream:
             fetch.will_need(fetch.join(stage.location, shard["index"]["name"]))
         buffer = fetch.load_shard(location, shard, cache, self.options.verify, buffers, self.options.mmap)
         index = self.load_index(stage, shard, location, cache) or walk_index(buffer, location, span.stop)
+        if index.more and span.stop == shard["samples"]:  # the walk met a sample the manifest does not list
+            index.error = ShardError(f"{location}: holds more than the {shard['samples']} samples the manifest "
+                                     "lists: replaced, or the manifest edited; rewrite the stage")
         plan = plan_span(buffer, index, span.start, span.stop)
         if self.options.fields is not None:
             plan.columns = {s: c for s, c in plan.columns.items() if member_field(s) in self.options.fields}
@@ -357,7 +365,7 @@ def stream(source: str | Path | list[str | Path], rank: int = 0, world_size: int
     return Stream(source, rank=rank, world_size=world_size, **options)
 
 
-def check_options(options: StreamOptions, place: Placement) -> None:
+def check_options(options: StreamOptions, place: Placement, stages: list[Stage]) -> None:
     if not 0 <= place.rank < place.world_size:
         raise ValueError(f"rank {place.rank} is outside world_size {place.world_size}")
     if not 0 <= place.worker < place.num_workers:
@@ -370,6 +378,9 @@ def check_options(options: StreamOptions, place: Placement) -> None:
         raise ValueError(f"batch_size {options.batch_size}: a batch holds at least 1 sample (None: no batches)")
     if isinstance(options.fields, str):
         raise ValueError(f"fields={options.fields!r}: give a tuple of names, e.g. fields=('tokens', 'loss_mask')")
+    if options.verify and (unsigned := [s.name for s in stages if any("sha256" not in x for x in s.shards)]):
+        raise ValueError(f"verify=True, but the manifest of stage(s) {', '.join(unsigned)} gives no sha256 for some "
+                         "shards (written by another tool?): rewrite them with datapipe, or read with verify=False")
     if options.fields is not None and options.position_ids and not {"tokens", "doc_lens"} <= set(options.fields):
         raise ValueError(f"position_ids come from doc_lens and tokens, which fields={options.fields!r} leaves out: "
                          "add them, or pass position_ids=False")

@@ -35,6 +35,7 @@ from datapipe.shardindex import BLOCK, ShardError, ShardIndex, json_loads, walk_
 
 IMAGE_SUFFIXES = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff")
 NPY_MAGIC = b"\x93NUMPY"
+NPY_HEADER_LIMIT = 10_000  # bytes; numpy.lib.format's max_header_size
 DECODE_ERRORS = (ValueError, SyntaxError, KeyError, TypeError, IndexError)  # what a damaged member raises
 
 
@@ -191,8 +192,7 @@ def decode_samples(buffer, plan: SpanPlan, shard: str) -> list[dict[str, Any] | 
     decoder = MemberDecoder(as_array(buffer), shard, samples)
     for suffix, column in columns.items():
         if column.__class__ is ArrayColumn:
-            for number, view in zip(column.numbers, column.views()):
-                samples[number][column.name] = view
+            decoder.place(column.name, column.numbers, column.views())
         else:
             decoder.decode(suffix, *(part.tolist() for part in column))
     decoder.order_images()
@@ -212,11 +212,18 @@ def build_samples(keys: list[str], arrays: list[ArrayColumn], buffer: np.ndarray
     if json is not None:
         view = memoryview(buffer)
         for sample, at, size in zip(samples, json[1].tolist(), json[2].tolist()):
-            fields = json_loads(view[at : at + size])
-            if fields.__class__ is not dict:
-                raise TypeError("a json member that is not an object")
-            sample.update(fields)
+            merge_header(sample, json_loads(view[at : at + size]))
     return samples
+
+
+def merge_header(sample: dict[str, Any], fields: Any) -> None:
+    """A json header's fields into its sample; an error unless it is an object whose fields are
+    new to the sample (a header naming "key" or "tokens" would replace the decoded ones)."""
+    if fields.__class__ is not dict:
+        raise TypeError("a json member that is not an object")
+    if not fields.keys().isdisjoint(sample):
+        raise ValueError(f"json fields {sorted(fields.keys() & sample.keys())} shadow the sample's own")
+    sample.update(fields)
 
 
 class MemberDecoder:
@@ -233,15 +240,26 @@ class MemberDecoder:
         for number, offset, size in zip(numbers, offsets, sizes):
             try:
                 if kind == "json":
-                    samples[number].update(json_loads(view[offset : offset + size]))
-                elif kind == "npy":
-                    samples[number][name] = self.npy_array(offset, size)
+                    merge_header(samples[number], json_loads(view[offset : offset + size]))
                 elif kind == "image":
                     self.add_image(samples[number], name, bytes(view[offset : offset + size]))
+                elif name in samples[number]:
+                    raise ValueError(f"a second {name!r} in the sample")
+                elif kind == "npy":
+                    samples[number][name] = self.npy_array(offset, size)
                 else:
                     samples[number][name] = bytes(view[offset : offset + size])
             except DECODE_ERRORS as err:
                 self.fail(number, suffix, err)
+
+    def place(self, name: str, numbers: list[int], arrays: list[np.ndarray]) -> None:
+        """A column's arrays, already located (ArrayColumn.views), into their samples."""
+        samples = self.samples
+        for number, array in zip(numbers, arrays):
+            if name in samples[number]:
+                self.fail(number, f"{name}.npy", ValueError(f"a second {name!r} in the sample"))
+            else:
+                samples[number][name] = array
 
     def npy_array(self, offset: int, size: int) -> np.ndarray:
         """One .npy member as a view of the buffer, its header parsed on its own."""
@@ -297,12 +315,22 @@ def member_field(suffix: str) -> str:
 
 @lru_cache(maxsize=4096)
 def npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool, int, int]:
-    """(dtype, shape, fortran order, element count, data offset) of a whole .npy header, magic included."""
+    """(dtype, shape, fortran order, element count, data offset) of a whole .npy header, magic
+    included. Hostile headers are ValueErrors: longer than numpy's own limit (10,000 bytes: a
+    deep literal costs ast its memory and recursion), an empty or object dtype, a shape entry
+    that is not a non-negative integer, or more than 2^62 bytes of data."""
     if header[:6] != NPY_MAGIC:
         raise ValueError("not an .npy member (bad magic)")
+    if len(header) > NPY_HEADER_LIMIT:
+        raise ValueError(f"an .npy header of {len(header)} bytes (numpy's limit: {NPY_HEADER_LIMIT})")
     width = 2 if header[6] == 1 else 4
-    fields = ast.literal_eval(header[8 + width :].decode("latin1"))
-    dtype, shape = np.dtype(fields["descr"]), tuple(fields["shape"])
-    if dtype.hasobject:
-        raise ValueError("object arrays are not allowed")
+    try:
+        fields = ast.literal_eval(header[8 + width :].decode("latin1"))
+        dtype, shape = np.dtype(fields["descr"]), tuple(fields["shape"])
+    except (MemoryError, RecursionError) as err:
+        raise ValueError(f"an .npy header too deeply nested ({type(err).__name__})") from None
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise ValueError(f"dtype {dtype}: object and empty arrays are not allowed")
+    if not all(n.__class__ is int and n >= 0 for n in shape) or math.prod(shape) * dtype.itemsize >= 1 << 62:
+        raise ValueError(f"shape {shape}: not non-negative integers, or over 2^62 bytes")
     return dtype, shape, bool(fields["fortran_order"]), math.prod(shape), len(header)

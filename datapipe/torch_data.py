@@ -50,7 +50,7 @@ class StreamDataset(IterableDataset):
         """This worker's Stream, made on first use inside the worker process."""
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
-        place = self.current.place if self.current else None
+        place = self.current.place if self.current is not None else None  # not len(): an empty share is falsy
         if place is None or (place.worker, place.num_workers) != (worker, num_workers):
             self.current = self.template.for_worker(worker, num_workers)
             if self.template.options.batch_size and num_workers != self.num_workers and worker == 0:

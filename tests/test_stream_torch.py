@@ -129,3 +129,11 @@ def test_packed_batch_says_what_it_needs(tmp_path):
         collate_packed(samples[switch - 1 : switch + 1])
     with pytest.raises(ValueError, match="add 'doc_lens' to the loader's fields="):
         packed_batch(collate(list(StreamDataset(tmp_path, fields=("tokens",), position_ids=False))[:2]))
+
+
+def test_a_worker_with_no_batches_keeps_its_state(stage):
+    dataset = StreamDataset(stage, batch_size=1000, drop_last=True)  # fewer samples than one batch: len() 0
+    assert len(dataset) == 0
+    state = dataset.state_dict()
+    dataset.load_state_dict({**state, "epoch": 5})
+    assert dataset.state_dict()["epoch"] == 5  # the same Stream, not a new one made because len() was 0
