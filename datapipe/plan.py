@@ -81,6 +81,8 @@ def epoch_plan(stages: list[Stage], place: Placement, seed: int, epoch: int, shu
     """Every segment this (rank, worker) reads in `epoch`, in order."""
     segments = []
     for index, stage in enumerate(stages):
+        if not stage.samples or not stage.token_budget and stage.token_budget is not None:
+            continue  # a stage that packed nothing (every document too long, say), or one asked for no tokens
         per_pass = stage.samples // place.world_size
         if per_pass == 0:
             raise ValueError(f"stage {stage.name!r} ({stage.location}) has {stage.samples} samples for "

@@ -120,7 +120,7 @@ class Stream:
         epoch, before any skipped shard."""
         ends = stage_ends(epoch_plan(self.stages, self.place, self.options.seed, 0, False))
         if self.options.batch_size is None:
-            return ends[-1]
+            return ends[-1] if ends else 0  # a budget worth fewer samples than ranks: none
         return sum(batch_count(end - start, self.options.batch_size, self.options.drop_last)
                    for start, end in zip([0, *ends], ends))
 
@@ -338,7 +338,7 @@ def shards_per_window(stages: list[Stage], options: StreamOptions) -> int:
     """How many shards one shuffle window spans at most: their buffers stay alive together (0 unshuffled)."""
     if not options.shuffle:
         return 0
-    smallest = min(shard["samples"] for stage in stages for shard in stage.shards)
+    smallest = min((shard["samples"] for stage in stages for shard in stage.shards), default=1)
     return min(64, -(-options.buffer // max(1, smallest)) + 1)
 
 

@@ -686,3 +686,25 @@ def test_fields_without_the_json_header_still_check_doc_lens_and_derive_position
         with pytest.raises(ShardError, match=r"sample s-001: doc_lens \[40, 40\] are not pieces of seq_len 64"):
             list(stream(tmp_path / "damaged", fields=fields))
         assert [s["key"] for s in stream(tmp_path / "damaged", fields=fields, on_error="skip")] == ["s-000", "s-002"]
+
+
+def test_stages_that_give_no_sample_are_passed_over(tmp_path):
+    write_curriculum(tmp_path)
+    from datapipe.shards import ShardWriter
+
+    with ShardWriter(tmp_path / "empty", 8, {"stage": "empty", "seq_len": 96}):
+        pass  # a stage that packed nothing: every document longer than seq_len, dropped
+    stages = [{"name": "short", "token_budget": 0}, {"name": "empty"}, {"name": "long"}]
+    write_run_manifest(tmp_path, stages, {"recipe": "t", "seed": 0})
+    only_long = [s["key"] for s in stream(tmp_path / "long", 1, 2)]
+    for options in ({}, {"shuffle": True, "seed": 1}, {"batch_size": 3}):
+        loader = stream(tmp_path, 1, 2, **options)
+        items = list(loader)
+        assert len(items) == len(loader)
+        keys_ = [k for b in items for k in b["key"]] if "batch_size" in options else [s["key"] for s in items]
+        if options.get("shuffle"):  # the shard order is keyed by the stage's place in the run: another share
+            assert len(keys_) == len(only_long) and all(k.startswith("long-") for k in keys_)
+        else:
+            assert keys_ == only_long
+    write_run_manifest(tmp_path, [{"name": "short", "token_budget": 20}], {"recipe": "t", "seed": 0})
+    assert len(stream(tmp_path, 0, 4)) == 0 == len(list(stream(tmp_path, 0, 4)))  # 20 tokens: under a sample a rank
