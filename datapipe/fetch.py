@@ -18,8 +18,10 @@ restarted job reads it from disk. Every shard is checked against the manifest's 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
+import logging
 import mmap
 import os
 import sys
@@ -28,10 +30,13 @@ import weakref
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
 from datapipe.shardindex import ShardError
+
+log = logging.getLogger(__name__)
 
 PAGE = 4096
 # Bytes a read() asks for. From disk, the kernel's readahead runs ahead of sequential reads of
@@ -53,7 +58,13 @@ def is_url(location: str) -> bool:
 
 
 def local_path(location: str) -> Path:
-    return Path(location.removeprefix("file://"))
+    """A local path, or a file:// URL's (file:///data/x and file://localhost/data/x alike, RFC 8089)."""
+    if not location.startswith("file://"):
+        return Path(location)
+    parts = urlsplit(location)
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(f"{location}: a file:// URL on another host ({parts.netloc}); mount it and give the path")
+    return Path(unquote(parts.path))
 
 
 def join(location: str, name: str) -> str:
@@ -114,11 +125,14 @@ def load_shard(location: str, shard: dict[str, Any], cache_dir: Path | None, ver
                pool: BufferPool | None = None, mapped: bool = False):
     """The shard's bytes in memory, checked against the manifest entry; `mapped`: see read_local."""
     if is_url(location):
-        cached = cache_dir / cache_name(location) if cache_dir else None
+        cached = cache_dir / cache_name(location, shard.get("sha256")) if cache_dir else None
         if cached is not None and cached.is_file() and cached.stat().st_size == shard["bytes"]:
-            return checked(read_local(cached, pool, mapped), location, shard, verify)
+            try:
+                return checked(read_local(cached, pool, mapped), location, shard, verify)
+            except ShardError as err:  # a damaged cache file: fetch the shard again, and replace it
+                log.warning("cache file %s does not match (%s): downloading again", cached, err)
         buffer = checked(download(location), location, shard, verify or cached is not None)
-        if cached is not None:  # only a shard that passed its sha256 goes into the cache
+        if cached is not None and "sha256" in shard:  # only a shard that passed its sha256 goes into the cache
             write_cache(cached, buffer)
         return buffer
     return checked(read_local(local_path(location), pool, mapped), location, shard, verify)
@@ -249,16 +263,31 @@ def checked(buffer, location: str, shard: dict[str, Any], verify: bool):
     return buffer
 
 
-def cache_name(url: str) -> str:
-    """One file per URL; the readable tail helps whoever looks into the cache folder."""
-    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+def cache_name(url: str, sha256: str | None) -> str:
+    """One file per URL and version of the shard (its sha256 from the manifest): a stage replaced
+    at the same URL never meets the old version's file. The readable tail helps whoever looks
+    into the cache folder."""
+    digest = hashlib.sha256(f"{url}\n{sha256}".encode()).hexdigest()[:16]
     return f"{digest}-{url.rstrip('/').rsplit('/', 1)[-1]}"
 
 
 def write_cache(path: Path, buffer) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """The shard into the cache, atomically; a cache that cannot be written (read-only, full) is
+    logged and the loader goes on without it."""
     # unique per process and thread: DataLoader workers, and two prefetch threads of one loader
     # fetching the same shard (a stage read twice in one epoch), may write it at once
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    temporary.write_bytes(buffer)
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_bytes(buffer)
+        os.replace(temporary, path)
+    except OSError as err:
+        warn_uncached(path.parent, err.strerror or type(err).__name__)  # once a folder and reason
+        with contextlib.suppress(OSError):  # none was made, or the folder is not one
+            temporary.unlink()
+
+
+@cache
+def warn_uncached(folder: Path, reason: str) -> None:
+    log.warning("cache_dir %s cannot be written (%s): reading without the cache; pass a writable "
+                "cache_dir, or None", folder, reason)

@@ -708,3 +708,29 @@ def test_stages_that_give_no_sample_are_passed_over(tmp_path):
             assert keys_ == only_long
     write_run_manifest(tmp_path, [{"name": "short", "token_budget": 20}], {"recipe": "t", "seed": 0})
     assert len(stream(tmp_path, 0, 4)) == 0 == len(list(stream(tmp_path, 0, 4)))  # 20 tokens: under a sample a rank
+
+
+def test_a_stage_replaced_at_its_url_is_not_read_from_the_old_cache(tmp_path):
+    site, cache = tmp_path / "site", str(tmp_path / "cache")
+    write_run(site / "main", n_docs=120, per_shard=6, seed=1)
+    with serve(site) as url:
+        assert len(list(stream(f"{url}/main", cache_dir=cache)))  # fills the cache
+        shutil.rmtree(site / "main")
+        write_run(site / "main", n_docs=120, per_shard=6, seed=2)  # a new version, at the same URLs
+        drop_indexes(site / "main")  # and read by its tar headers: nothing but the cache tells the versions apart
+        assert_same_samples(list(stream(f"{url}/main", cache_dir=cache)), list(stream(site / "main")))
+
+
+def test_a_cache_dir_that_cannot_be_written_is_logged_and_passed_over(stage, http_url, tmp_path, caplog):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with caplog.at_level("WARNING"):
+        assert_same_samples(list(stream(f"{http_url}/main", cache_dir=str(blocked))), list(stream(stage)))
+    assert "cannot be written" in caplog.text and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_file_urls_with_and_without_localhost(stage):
+    reference = keys(stream(stage))
+    assert keys(stream(f"file://{stage}")) == keys(stream(f"file://localhost{stage}")) == reference
+    with pytest.raises(ValueError, match="a file:// URL on another host"):
+        stream(f"file://elsewhere{stage}")
