@@ -30,7 +30,6 @@ import weakref
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
@@ -58,13 +57,10 @@ def is_url(location: str) -> bool:
 
 
 def local_path(location: str) -> Path:
-    """A local path, or a file:// URL's (file:///data/x and file://localhost/data/x alike, RFC 8089)."""
-    if not location.startswith("file://"):
-        return Path(location)
-    parts = urlsplit(location)
-    if parts.netloc not in ("", "localhost"):
-        raise ValueError(f"{location}: a file:// URL on another host ({parts.netloc}); mount it and give the path")
-    return Path(unquote(parts.path))
+    """A local path, or a file:// URL's: file:///data/x and file://localhost/data/x (RFC 8089) alike;
+    the rest is taken as it stands (no %-decoding, '#' is part of the name), as fsspec does."""
+    rest = location.removeprefix("file://")
+    return Path(rest.removeprefix("localhost") if rest.startswith("localhost/") else rest)
 
 
 def join(location: str, name: str) -> str:
@@ -131,7 +127,7 @@ def load_shard(location: str, shard: dict[str, Any], cache_dir: Path | None, ver
                 return checked(read_local(cached, pool, mapped), location, shard, verify)
             except ShardError as err:  # a damaged cache file: fetch the shard again, and replace it
                 log.warning("cache file %s does not match (%s): downloading again", cached, err)
-        buffer = checked(download(location), location, shard, verify or cached is not None)
+        buffer = checked(download(location), location, shard, verify or (cached is not None and "sha256" in shard))
         if cached is not None and "sha256" in shard:  # only a shard that passed its sha256 goes into the cache
             write_cache(cached, buffer)
         return buffer

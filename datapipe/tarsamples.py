@@ -218,11 +218,13 @@ def build_samples(keys: list[str], arrays: list[ArrayColumn], buffer: np.ndarray
 
 def merge_header(sample: dict[str, Any], fields: Any) -> None:
     """A json header's fields into its sample; an error unless it is an object whose fields are
-    new to the sample (a header naming "key" or "tokens" would replace the decoded ones)."""
+    new to the sample (a header naming "tokens", or another "key", would replace the decoded ones)."""
     if fields.__class__ is not dict:
         raise TypeError("a json member that is not an object")
-    if not fields.keys().isdisjoint(sample):
-        raise ValueError(f"json fields {sorted(fields.keys() & sample.keys())} shadow the sample's own")
+    if not fields.keys().isdisjoint(sample):  # WebDataset writers repeat the key: the same string is fine
+        clashes = sorted(k for k in fields.keys() & sample.keys() if k != "key" or fields[k] != sample[k])
+        if clashes:
+            raise ValueError(f"json fields {clashes} shadow the sample's own")
     sample.update(fields)
 
 

@@ -223,3 +223,23 @@ def test_verify_without_sha256_and_no_stage_say_what_to_do(our_stage):
         stream(our_stage, verify=True)
     with pytest.raises(ValueError, match="no stage to read"):
         stream([])
+
+
+def test_a_json_header_repeating_its_own_key_reads(tmp_path):
+    members = [m for i in range(3) for m in sample_members(i, header={"key": f"s{i:03d}", "seq_len": 16, "i": i})]
+    write_stage(tmp_path, tar_bytes(members), 3)  # as WebDataset writers (img2dataset...) write it
+    assert [(s["key"], s["i"]) for s in stream(tmp_path)] == [("s000", 0), ("s001", 1), ("s002", 2)]
+    assert [b["key"] for b in stream(tmp_path, batch_size=3)] == [["s000", "s001", "s002"]]
+
+
+def test_a_stage_without_sha256_reads_through_a_cache(tmp_path):
+    from tests.test_stream import serve
+
+    members = [m for i in range(3) for m in sample_members(i)]
+    folder = write_stage(tmp_path / "site" / "main", tar_bytes(members), 3)
+    manifest = read_manifest(folder)
+    del manifest["shards"][0]["sha256"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with serve(tmp_path / "site") as url:
+        assert [s["key"] for s in stream(f"{url}/main", cache_dir=str(tmp_path / "cache"))] == ["s000", "s001", "s002"]
+    assert not list((tmp_path / "cache").glob("*"))  # nothing to check a cache file against: not cached
