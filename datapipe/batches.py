@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from datapipe.shardindex import json_loads
-from datapipe.tarsamples import DECODE_ERRORS, ArrayColumn, SpanPlan, as_array
+from datapipe.shardindex import as_array, json_loads
+from datapipe.tarsamples import DECODE_ERRORS, ArrayColumn, SpanPlan
 
 LISTED = ("doc_lens",)  # arrays never stacked, even if as long as the tokens: one entry per document
 

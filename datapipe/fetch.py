@@ -127,8 +127,9 @@ def load_shard(location: str, shard: dict[str, Any], cache_dir: Path | None, ver
                 return checked(read_local(cached, pool, mapped), location, shard, verify)
             except ShardError as err:  # a damaged cache file: fetch the shard again, and replace it
                 log.warning("cache file %s does not match (%s): downloading again", cached, err)
-        buffer = checked(download(location), location, shard, verify or (cached is not None and "sha256" in shard))
-        if cached is not None and "sha256" in shard:  # only a shard that passed its sha256 goes into the cache
+        cacheable = cached is not None and "sha256" in shard  # only a shard that passed its sha256 goes in
+        buffer = checked(download(location), location, shard, verify or cacheable)
+        if cacheable:
             write_cache(cached, buffer)
         return buffer
     return checked(read_local(local_path(location), pool, mapped), location, shard, verify)

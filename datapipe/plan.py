@@ -81,7 +81,7 @@ def epoch_plan(stages: list[Stage], place: Placement, seed: int, epoch: int, shu
     """Every segment this (rank, worker) reads in `epoch`, in order."""
     segments = []
     for index, stage in enumerate(stages):
-        if not stage.samples or not stage.token_budget and stage.token_budget is not None:
+        if not stage.samples or stage.token_budget == 0:
             continue  # a stage that packed nothing (every document too long, say), or one asked for no tokens
         per_pass = stage.samples // place.world_size
         if per_pass == 0:

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from datapipe.shardindex import BLOCK, ShardError, ShardIndex, json_loads, walk_index
+from datapipe.shardindex import BLOCK, ShardError, ShardIndex, as_array, json_loads, tar_blocks, walk_index
 
 IMAGE_SUFFIXES = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff")
 NPY_MAGIC = b"\x93NUMPY"
@@ -57,10 +57,6 @@ def iter_samples(buffer, shard: str) -> Iterator[dict[str, Any]]:
         yield sample
     if index.error is not None:
         raise index.error
-
-
-def as_array(buffer) -> np.ndarray:
-    return buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8)
 
 
 @dataclass
@@ -165,7 +161,7 @@ def npy_headers(array: np.ndarray, offsets: np.ndarray) -> list[bytes] | None:
     if (offsets % BLOCK).any() or offsets.max() + BLOCK > len(array):
         return None
     rows = offsets // BLOCK
-    blocks = array[: len(array) // BLOCK * BLOCK].reshape(-1, BLOCK)
+    blocks = tar_blocks(array)
     starts = blocks[rows, :10]
     lengths = starts[:, 8].astype(np.int64) | starts[:, 9].astype(np.int64) << 8
     width = 10 + int(lengths[0])
@@ -228,6 +224,13 @@ def merge_header(sample: dict[str, Any], fields: Any) -> None:
     sample.update(fields)
 
 
+def put(sample: dict[str, Any], name: str, value: Any) -> None:
+    """A decoded member into its sample, never over a field it already has (another member's)."""
+    if name in sample:
+        raise ValueError(f"a second {name!r} in the sample")
+    sample[name] = value
+
+
 class MemberDecoder:
     """Decodes members one at a time into their samples; collects errors per sample."""
 
@@ -245,23 +248,20 @@ class MemberDecoder:
                     merge_header(samples[number], json_loads(view[offset : offset + size]))
                 elif kind == "image":
                     self.add_image(samples[number], name, bytes(view[offset : offset + size]))
-                elif name in samples[number]:
-                    raise ValueError(f"a second {name!r} in the sample")
                 elif kind == "npy":
-                    samples[number][name] = self.npy_array(offset, size)
+                    put(samples[number], name, self.npy_array(offset, size))
                 else:
-                    samples[number][name] = bytes(view[offset : offset + size])
+                    put(samples[number], name, bytes(view[offset : offset + size]))
             except DECODE_ERRORS as err:
                 self.fail(number, suffix, err)
 
     def place(self, name: str, numbers: list[int], arrays: list[np.ndarray]) -> None:
         """A column's arrays, already located (ArrayColumn.views), into their samples."""
-        samples = self.samples
         for number, array in zip(numbers, arrays):
-            if name in samples[number]:
-                self.fail(number, f"{name}.npy", ValueError(f"a second {name!r} in the sample"))
-            else:
-                samples[number][name] = array
+            try:
+                put(self.samples[number], name, array)
+            except ValueError as err:
+                self.fail(number, f"{name}.npy", err)
 
     def npy_array(self, offset: int, size: int) -> np.ndarray:
         """One .npy member as a view of the buffer, its header parsed on its own."""
