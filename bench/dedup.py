@@ -72,8 +72,8 @@ def run_ours(texts: list[str]) -> tuple[set[int], float]:
 
 
 def run_ours_on_ray(texts: list[str], work: Path) -> tuple[dict[int, int], float]:
-    from datapipe.config import RayConfig, validate_recipe
-    from datapipe.runner import build_plan, connect
+    from datapipe.pipeline.recipe import RayConfig, validate_recipe
+    from datapipe.pipeline.runner import build_plan, connect
     from datapipe.schema import docs_from_table
     from datapipe.text.dedup import Config
 

@@ -21,8 +21,8 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
+from datapipe.readers.warc import read_html
 from datapipe.text.extract import EXTRACTORS, Config
-from datapipe.warc import read_html
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "web_text" / "html_pages"
 WORD = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]|[^\W\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]+")

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from datapipe.packing import plan_packing, split_pieces
+from datapipe.packing.bfd import plan_packing, split_pieces
 
 REPEATS = 3
 SEQ_LENS = {"8k": 8192, "64k": 65536, "256k": 262144, "1m": 1048576}

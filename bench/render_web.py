@@ -43,7 +43,7 @@ def sample_pages(count: int, seed: int = 0) -> list[Path]:
 
 
 def read_page(path: Path) -> str:
-    from datapipe.files import decode
+    from datapipe.readers.files import decode
 
     return decode(path.read_bytes())[0]
 

@@ -43,8 +43,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from datapipe.shards import ShardWriter, read_manifest, read_shards
-from datapipe.stream import stream
+from datapipe.loader.reference import read_shards
+from datapipe.loader.stream import stream
+from datapipe.packing.writer import ShardWriter
+from datapipe.shardformat import read_manifest
 
 BATCH = 8
 ARRAYS = ("tokens", "loss_mask", "doc_lens")  # what a trainer feeds the model: no json header (doc ids)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from datapipe.config import RecipeError, RunError, load_recipe
+from datapipe.pipeline.recipe import RecipeError, RunError, load_recipe
 
 console = Console(stderr=True)
 REPO_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
@@ -61,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from datapipe.report import summary_table
-    from datapipe.runner import run_recipe
+    from datapipe.pipeline.report import summary_table
+    from datapipe.pipeline.runner import run_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     out = args.out or Path("out") / recipe.name
@@ -72,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from datapipe.inspect import inspect_run
+    from datapipe.pipeline.inspect import inspect_run
 
     inspect_run(args.out_dir, args.samples, console)
     return 0
@@ -116,9 +116,10 @@ def cmd_tokenizer_export(args: argparse.Namespace) -> int:
 
 
 def iter_training_texts(inputs: list[str]):
-    from datapipe.config import SourceConfig
+    from datapipe.pipeline.inputs import iter_recipe_documents
+    from datapipe.pipeline.recipe import SourceConfig
+    from datapipe.readers.tabular import read_jsonl
     from datapipe.schema import MEDIA_PLACEHOLDER
-    from datapipe.sources import iter_recipe_documents, read_jsonl
 
     for name in inputs:
         if name.endswith((".yaml", ".yml")):

@@ -14,7 +14,7 @@ RENDERERS: dict[str, str] = {
 
 def make_renderer(kind: str):
     """A new renderer for `kind`; an unknown kind lists the known ones."""
-    from datapipe.registry import load
+    from datapipe.stage import load
 
     if kind not in RENDERERS:
         raise KeyError(f"no renderer for kind {kind!r}; known kinds: {', '.join(sorted(RENDERERS))}")

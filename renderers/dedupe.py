@@ -19,8 +19,8 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from datapipe.config import StageConfig
 from datapipe.schema import Document
+from datapipe.stage import StageConfig
 from renderers.gates import hamming
 
 

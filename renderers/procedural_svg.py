@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from datapipe.generators import seeded_rngs
+from datapipe.readers.generators import seeded_rngs
 from datapipe.schema import Document, new_document
 
 PALETTES = [

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from datapipe.config import StageConfig
 from datapipe.schema import MEDIA_PLACEHOLDER, Document
+from datapipe.stage import StageConfig
 
 LANGUAGES = {"svg": ("SVG", "svg"), "html": ("HTML", "html")}  # kind -> (name in prose, code-fence tag)
 IMAGE_TO_CODE = [

@@ -245,7 +245,7 @@ def read_exact(fd: int, size: int, deadline: float | None) -> bytes:
 
 def serve(target: str, limits: Limits, uid: int | None) -> None:
     """The worker's loop: confine, then answer frames until stdin closes."""
-    from datapipe.registry import load
+    from datapipe.stage import load
 
     function: Callable = load(target)  # imported (native libraries, fonts) while still trusted
     getattr(sys.modules[function.__module__], "preload", lambda: None)()

@@ -18,8 +18,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from datapipe.config import StageConfig
 from datapipe.schema import Document
+from datapipe.stage import StageConfig
 from renderers import RENDERERS, make_renderer
 from renderers.base import RenderError, RenderOptions
 from renderers.gates import GateConfig, check_image, dhash, grayscale

@@ -5,10 +5,12 @@ import random
 import numpy as np
 import pytest
 
-from datapipe.batches import collate
-from datapipe.shardindex import ShardError
-from datapipe.shards import ShardWriter, blocks, read_manifest, read_shards
-from datapipe.stream import stream
+from datapipe.loader.batches import collate
+from datapipe.loader.reference import read_shards
+from datapipe.loader.shardindex import ShardError
+from datapipe.loader.stream import stream
+from datapipe.packing.writer import ShardWriter, blocks
+from datapipe.shardformat import read_manifest
 from tests.test_shards import index_columns, write_run
 from tests.test_stream import damage, write_curriculum
 
@@ -240,7 +242,7 @@ def write_foreign_stage(folder, headers, width=16):
     import io
     import tarfile
 
-    from datapipe.shards import npy_bytes
+    from datapipe.packing.writer import npy_bytes
 
     folder.mkdir(parents=True, exist_ok=True)
     with tarfile.open(folder / "shard-000000.tar", "w", format=tarfile.USTAR_FORMAT) as tar:

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from datapipe import cli
-from datapipe.config import RecipeError, load_recipe
+from datapipe.pipeline.recipe import RecipeError, load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 

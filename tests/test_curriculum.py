@@ -9,8 +9,9 @@ import yaml
 from pydantic import ValidationError
 
 from datapipe import cli
-from datapipe.config import RecipeError, load_recipe
-from datapipe.curriculum import (
+from datapipe.loader.reference import read_shards
+from datapipe.packing.corpus import corpus_from_documents
+from datapipe.packing.curriculum import (
     MEDIA_TOO_LONG,
     NOT_IN_MIXTURE,
     OVER_BUDGET,
@@ -22,9 +23,8 @@ from datapipe.curriculum import (
     select_stage,
     source_stats,
 )
+from datapipe.pipeline.recipe import RecipeError, load_recipe
 from datapipe.schema import new_document
-from datapipe.shards import read_shards
-from datapipe.spill import corpus_from_documents
 from tests.conftest import WORDS, tiny_recipe, write_jsonl
 from tests.test_packing import FIRST_PLAIN, IDS, make_docs, media_span, png
 

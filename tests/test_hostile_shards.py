@@ -9,9 +9,10 @@ import tarfile
 import numpy as np
 import pytest
 
-from datapipe.shardindex import ShardError
-from datapipe.shards import npy_bytes, read_manifest
-from datapipe.stream import stream
+from datapipe.loader.shardindex import ShardError
+from datapipe.loader.stream import stream
+from datapipe.packing.writer import npy_bytes
+from datapipe.shardformat import read_manifest
 from tests.test_shards import index_columns, write_run
 from tests.test_stream import damage, rewrite_indexes
 

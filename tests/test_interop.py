@@ -6,7 +6,8 @@ types, so it reads a text-only stage; a stage whose samples carry images on some
 import numpy as np
 import pytest
 
-from datapipe.shards import read_manifest, read_shards
+from datapipe.loader.reference import read_shards
+from datapipe.shardformat import read_manifest
 from tests.conftest import rgb
 from tests.test_shards import write_run
 

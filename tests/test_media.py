@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datapipe.runner import add_stage
+from datapipe.pipeline.runner import add_stage
 from datapipe.schema import MEDIA_PLACEHOLDER, docs_from_table, docs_to_table, new_document
 from tokenizer.bpe import special_token_ids
 from tokenizer.fast import FastEncoder

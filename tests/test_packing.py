@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datapipe.curriculum import CurriculumStage, pack_stage
-from datapipe.packing import (
+from datapipe.loader.reference import read_shards
+from datapipe.packing.bfd import (
     SpecialIds,
     best_fit_decreasing,
     media_safe_cuts,
@@ -16,9 +16,10 @@ from datapipe.packing import (
     plan_packing,
     split_pieces,
 )
+from datapipe.packing.corpus import SpillWriter, corpus_from_documents, open_spill
+from datapipe.packing.curriculum import CurriculumStage, pack_stage
+from datapipe.packing.writer import ShardWriter
 from datapipe.schema import new_document
-from datapipe.shards import ShardWriter, read_shards
-from datapipe.spill import SpillWriter, corpus_from_documents, open_spill
 from tokenizer.bpe import special_token_ids
 
 SPECIAL = special_token_ids("demo")  # the bundled tokenizer's ids: tests do not hard-code them either

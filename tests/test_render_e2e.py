@@ -120,8 +120,8 @@ def test_written_documents_carry_images_placeholders_and_provenance(rendered_run
     out, _ = rendered_run
     recipe = json.loads((out / "recipe.json").read_text())
     assert [s["stage"] for s in recipe["stages"]] == ["render", "render_dedupe", "code_image_samples", "tokenize"]
-    from datapipe.config import load_recipe
-    from datapipe.runner import build_plan
+    from datapipe.pipeline.recipe import load_recipe
+    from datapipe.pipeline.runner import build_plan
     from datapipe.schema import docs_from_table
 
     plan = build_plan(load_recipe(out.parent / "render.yaml"))

@@ -8,8 +8,8 @@ import re
 import pytest
 from PIL import Image, ImageDraw
 
-from datapipe.config import RecipeError, SourceConfig, validate_recipe
-from datapipe.files import read_files
+from datapipe.pipeline.recipe import RecipeError, SourceConfig, validate_recipe
+from datapipe.readers.files import read_files
 from datapipe.schema import MEDIA_PLACEHOLDER, new_document
 from renderers.base import RenderOptions
 from renderers.dedupe import Config as DedupeConfig

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from datapipe import cli, stream
-from datapipe.runner import apply_stage
+from datapipe.pipeline.runner import apply_stage
 from datapipe.schema import docs_from_table, docs_to_table, new_document
 from datapipe.text.normalize import Config as NormalizeConfig
 from datapipe.text.normalize import make_stage as make_normalize
@@ -153,9 +153,9 @@ def test_a_stage_that_drops_records_silently_fails_loudly():
 def test_a_late_reject_leaves_no_trace_in_the_written_figures():
     """A document packing leaves out (over budget, too long) was counted as written when it was
     spilled: every written figure of it moves to the rejected side, none stays behind."""
-    from datapipe.packing import SpecialIds
-    from datapipe.report import RunStats
-    from datapipe.spill import SpillWriter
+    from datapipe.packing.bfd import SpecialIds
+    from datapipe.packing.corpus import SpillWriter
+    from datapipe.pipeline.stats import RunStats
 
     docs = [new_document("web", str(i), text, language=language)
             for i, (text, language) in enumerate([("short é", "fr"), ("x" * 300, "en"), ("y" * 5000, "en")])]

@@ -3,10 +3,12 @@ import hashlib
 import numpy as np
 import pytest
 
-from datapipe.curriculum import CurriculumStage, pack_stage
-from datapipe.shardindex import part_values
-from datapipe.shards import ShardWriter, read_manifest, read_shards
-from datapipe.stream import stream
+from datapipe.loader.reference import read_shards
+from datapipe.loader.shardindex import part_values
+from datapipe.loader.stream import stream
+from datapipe.packing.curriculum import CurriculumStage, pack_stage
+from datapipe.packing.writer import ShardWriter
+from datapipe.shardformat import read_manifest
 from tests.test_packing import IDS, make_corpus
 
 
@@ -165,7 +167,7 @@ def test_members_decode_generically_by_extension(tmp_path):
     import json
     import tarfile
 
-    from datapipe.tarsamples import iter_samples
+    from datapipe.loader.decode import iter_samples
 
     path, key = tmp_path / "x.tar", "k" * 150  # a long key: tarfile writes a pax header for it
     members = {f"{key}.tokens.npy": npy(np.arange(8, dtype=np.uint32)),
@@ -184,14 +186,15 @@ def test_members_decode_generically_by_extension(tmp_path):
 
 
 def npy(array):
-    from datapipe.shards import npy_bytes
+    from datapipe.packing.writer import npy_bytes
 
     return npy_bytes(array)
 
 
 def test_position_ids_of_a_batch_equal_one_at_a_time():
-    from datapipe.fetch import BufferPool
-    from datapipe.shards import add_position_ids, derive_position_ids
+    from datapipe.loader.fetch import BufferPool
+    from datapipe.loader.positions import add_position_ids
+    from datapipe.shardformat import derive_position_ids
 
     rng, pool = np.random.default_rng(1), BufferPool(keep=2)
     for trial in range(100):
@@ -210,7 +213,7 @@ def test_position_ids_of_a_batch_equal_one_at_a_time():
 
 
 def test_position_ids_restart_per_piece_and_padding():
-    from datapipe.shards import derive_position_ids
+    from datapipe.shardformat import derive_position_ids
 
     assert derive_position_ids(np.array([3, 2]), 8).tolist() == [0, 1, 2, 0, 1, 0, 1, 2]
     assert derive_position_ids(np.array([4]), 4).tolist() == [0, 1, 2, 3]
@@ -228,7 +231,7 @@ def test_arrays_that_are_not_1d_keep_their_shape(tmp_path, shape):
     import io
     import tarfile
 
-    from datapipe.tarsamples import iter_samples
+    from datapipe.loader.decode import iter_samples
 
     path, arrays = tmp_path / "x.tar", [np.arange(np.prod(shape), dtype=np.int32).reshape(shape) + i for i in range(3)]
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:

@@ -5,9 +5,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from datapipe.config import RecipeError, SourceConfig, validate_recipe
-from datapipe.generators import pydoc_topics, python_programs
-from datapipe.sources import read_hf_disk, read_jsonl, read_parquet, read_work_item, work_items
+from datapipe.pipeline.inputs import read_work_item, work_items
+from datapipe.pipeline.recipe import RecipeError, SourceConfig, validate_recipe
+from datapipe.readers.generators import pydoc_topics, python_programs
+from datapipe.readers.tabular import read_hf_disk, read_jsonl, read_parquet
 from tests.conftest import write_jsonl
 
 GOOD = [{"id": f"d{i}", "text": f"document number {i}", "url": f"https://example.org/{i}"} for i in range(5)]

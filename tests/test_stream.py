@@ -13,9 +13,11 @@ from itertools import islice
 import numpy as np
 import pytest
 
-from datapipe.shardindex import ShardError
-from datapipe.shards import read_manifest, read_shards, write_run_manifest
-from datapipe.stream import Stream, stream
+from datapipe.loader.reference import read_shards
+from datapipe.loader.shardindex import ShardError
+from datapipe.loader.stream import Stream, stream
+from datapipe.packing.writer import write_run_manifest
+from datapipe.shardformat import read_manifest
 from tests.test_shards import index_columns, write_run
 
 
@@ -444,7 +446,7 @@ def test_skip_policy_leaves_out_bad_shards_and_lists_them(stage_copy):
 
 
 def test_unfinished_run_is_not_mistaken_for_a_finished_one(tmp_path):
-    from datapipe.shards import ShardWriter
+    from datapipe.packing.writer import ShardWriter
 
     samples = list(read_shards(write_run_folder(tmp_path / "done")))
     with pytest.raises(RuntimeError), ShardWriter(tmp_path / "main", 2, {}) as writer:
@@ -456,7 +458,7 @@ def test_unfinished_run_is_not_mistaken_for_a_finished_one(tmp_path):
 
 
 def test_buffer_pool_reuses_a_buffer_only_when_no_sample_views_it():
-    from datapipe.fetch import BufferPool
+    from datapipe.loader.fetch import BufferPool
 
     pool = BufferPool(keep=2)
     first = pool.take(1000)
@@ -472,7 +474,7 @@ def test_buffer_pool_reuses_a_buffer_only_when_no_sample_views_it():
 @pytest.mark.parametrize("nowait", [True, False])  # False: a system or file system without RWF_NOWAIT
 @pytest.mark.parametrize("cached", ["all", "none", "start"])
 def test_a_shard_reads_whole_whatever_the_page_cache_holds(tmp_path, monkeypatch, cached, nowait, last_warm):
-    from datapipe import fetch
+    from datapipe.loader import fetch
 
     monkeypatch.setattr(fetch, "NOWAIT", fetch.NOWAIT and nowait)
     data = np.random.default_rng(0).integers(0, 256, 5 * fetch.READ_CHUNK + 123, dtype=np.uint8).tobytes()
@@ -489,7 +491,7 @@ def test_a_shard_reads_whole_whatever_the_page_cache_holds(tmp_path, monkeypatch
 
 
 def cached_shard(tmp_path) -> tuple:
-    from datapipe import fetch
+    from datapipe.loader import fetch
 
     if fetch.load_mincore() is None:
         pytest.skip("no mincore here: shards are read, never mapped")
@@ -553,7 +555,7 @@ def test_mapped_and_read_shards_give_the_same_samples(stage):
 
 
 def test_a_warm_shard_comes_from_the_page_cache_in_one_go(tmp_path):
-    from datapipe import fetch
+    from datapipe.loader import fetch
 
     if not fetch.NOWAIT:
         pytest.skip("this system has no RWF_NOWAIT: every shard is read in chunks")
@@ -596,7 +598,7 @@ def reference_permutation(n: int, key: list[int]) -> list[int]:
 
 
 def test_shuffle_order_is_pinned_across_library_versions():
-    from datapipe.plan import permutation
+    from datapipe.loader.schedule import permutation
 
     order = permutation(10, [0, 1, 2, 3])  # fixed in code, not by NumPy's Generator: a resume after an upgrade agrees
     assert sorted(order.tolist()) == list(range(10))
@@ -607,7 +609,7 @@ def test_shuffle_order_is_pinned_across_library_versions():
 @pytest.mark.parametrize("key", [[0, 1, 2, 3], [7], [2**40, 3, 0, 1, 5, 2, 9], []])
 @pytest.mark.parametrize("n", [1, 2, 10, 1000])
 def test_permutation_matches_a_plain_python_splitmix64_sort(n, key):
-    from datapipe.plan import permutation
+    from datapipe.loader.schedule import permutation
 
     assert permutation(n, key).tolist() == reference_permutation(n, key)
 
@@ -642,7 +644,7 @@ def test_loop_over_an_empty_share_ends_instead_of_spinning(stage):
 
 
 def test_cache_writes_of_one_shard_from_two_threads_do_not_collide(tmp_path):
-    from datapipe.fetch import write_cache
+    from datapipe.loader.fetch import write_cache
 
     target = tmp_path / "cache" / "shard.tar"
     errors = []
@@ -663,7 +665,8 @@ def test_cache_writes_of_one_shard_from_two_threads_do_not_collide(tmp_path):
 
 
 def test_fields_without_the_json_header_still_check_doc_lens_and_derive_positions(tmp_path):
-    from datapipe.shards import ShardWriter, derive_position_ids
+    from datapipe.packing.writer import ShardWriter
+    from datapipe.shardformat import derive_position_ids
 
     def sample(i, seq_len, lens):
         return {"key": f"s-{i:03d}", "tokens": np.arange(seq_len, dtype=np.uint32), "seq_len": seq_len,
@@ -690,7 +693,7 @@ def test_fields_without_the_json_header_still_check_doc_lens_and_derive_position
 
 def test_stages_that_give_no_sample_are_passed_over(tmp_path):
     write_curriculum(tmp_path)
-    from datapipe.shards import ShardWriter
+    from datapipe.packing.writer import ShardWriter
 
     with ShardWriter(tmp_path / "empty", 8, {"stage": "empty", "seq_len": 96}):
         pass  # a stage that packed nothing: every document longer than seq_len, dropped

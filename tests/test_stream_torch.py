@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch extra is not installed: pip install 'datapipe[torch]'")
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from datapipe.torch_data import StreamDataset, collate_packed, packed_batch
+from datapipe.loader.torch_data import StreamDataset, collate_packed, packed_batch
 from tests.test_shards import write_run
 
 
@@ -119,7 +119,7 @@ def test_len_counts_the_batches_each_worker_cuts(stage, num_workers):
 
 
 def test_packed_batch_says_what_it_needs(tmp_path):
-    from datapipe.batches import collate
+    from datapipe.loader.batches import collate
     from tests.test_stream import write_curriculum
 
     write_curriculum(tmp_path)  # a 64-token stage, then a 128-token one

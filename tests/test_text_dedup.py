@@ -8,7 +8,7 @@ import numpy as np
 import yaml
 
 from datapipe import cli
-from datapipe.runner import add_stage
+from datapipe.pipeline.runner import add_stage
 from datapipe.schema import docs_from_table, docs_to_table, new_document
 from datapipe.text.dedup import Config, find_clusters, make_stage
 from tests.test_warc import http_response, warc_record

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from datapipe.readers.warc import read_html, read_warc
 from datapipe.text.charset import decode_html
-from datapipe.warc import read_html, read_warc
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "web_text" / "warc"
 SOURCE = SimpleNamespace(name="web")

@@ -17,8 +17,8 @@ from typing import ClassVar
 import numpy as np
 from pydantic import Field
 
-from datapipe.config import StageConfig
 from datapipe.schema import MEDIA_PLACEHOLDER, Document
+from datapipe.stage import StageConfig
 from tokenizer.bpe import special_token_ids
 from tokenizer.fast import make_encoder
 from tokenizer.image import BadImage, lay_out_image

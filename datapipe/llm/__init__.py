@@ -9,7 +9,7 @@ Importing this package loads no model and no heavy library.
 from __future__ import annotations
 
 from datapipe.llm.base import Backend, BackendConfig
-from datapipe.registry import load
+from datapipe.stage import load
 
 BACKENDS: dict[str, str] = {
     "local": "datapipe.llm.local:LocalBackend",

@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 
 from pydantic import Field
 
-from datapipe.config import Strict
+from datapipe.stage import Strict
 
 # Completion.error values; the stage rejects with "rephrase.<error>".
 CONTEXT_OVERFLOW = "context_overflow"  # prompt + max_new_tokens exceed the model's context

@@ -20,7 +20,7 @@ import re
 
 from pydantic import Field
 
-from datapipe.config import Strict
+from datapipe.stage import Strict
 
 THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 NUMBER = re.compile(r"\d+(?:\.\d+)?")

@@ -16,7 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError
 
-from datapipe.config import Strict
+from datapipe.stage import Strict
 
 LETTERS = re.compile(r"[^\W\d_]")
 WORDS = re.compile(r"[^\W\d_]+")

@@ -16,7 +16,7 @@ import re
 
 from pydantic import Field, model_validator
 
-from datapipe.config import Strict
+from datapipe.stage import Strict
 from datapipe.text import badwords
 from datapipe.text.words import count_sentences, split_words
 

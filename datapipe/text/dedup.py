@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from datapipe.config import StageConfig
 from datapipe.schema import Document, docs_from_table
+from datapipe.stage import StageConfig
 from datapipe.text.gopher import sorted_runs
 
 MERSENNE = np.uint64((1 << 61) - 1)

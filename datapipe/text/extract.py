@@ -19,8 +19,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from datapipe.config import StageConfig
 from datapipe.schema import Document
+from datapipe.stage import StageConfig
 
 Backend = Literal["resiliparse", "trafilatura", "fallback"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from datapipe.config import Strict
+from datapipe.stage import Strict
 from datapipe.text.gopher import count_duplicates
 from datapipe.text.words import SENTENCE_FINAL, terminal_punctuation
 

@@ -21,7 +21,7 @@ from operator import mul
 import numpy as np
 from pydantic import Field
 
-from datapipe.config import Strict
+from datapipe.stage import Strict
 from datapipe.text.words import LETTER, REAL, word_flags
 
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")

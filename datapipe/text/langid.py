@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import Field
 
-from datapipe.config import StageConfig
 from datapipe.schema import Document
+from datapipe.stage import StageConfig
 
 
 class Config(StageConfig):

@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from datapipe.config import StageConfig
 from datapipe.schema import Document
+from datapipe.stage import StageConfig
 
 PROSE_KINDS = {"text"}
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b\ufeff]")

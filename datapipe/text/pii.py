@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from datapipe.config import StageConfig
 from datapipe.schema import Document
+from datapipe.stage import StageConfig
 
 EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
 OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from datapipe.config import StageConfig
 from datapipe.schema import Document
+from datapipe.stage import StageConfig
 from datapipe.text.c4 import C4, check_c4
 from datapipe.text.fineweb import FineWeb, check_fineweb
 from datapipe.text.gopher import GopherQuality, GopherRepetition, check_quality, check_repetition

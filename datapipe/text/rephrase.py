@@ -21,7 +21,6 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from datapipe.config import StageConfig
 from datapipe.llm import make_backend
 from datapipe.llm.base import BackendConfig
 from datapipe.llm.chunking import split_chunks, stitch
@@ -29,6 +28,7 @@ from datapipe.llm.fidelity import FidelityConfig
 from datapipe.llm.rewriter import Rewriter, RewriteSettings, Slot
 from datapipe.llm.styles import StyleConfig, eligible_styles, load_styles, style_order
 from datapipe.schema import Document
+from datapipe.stage import StageConfig
 
 CONTEXT_TEMPLATE = ("Here is the previous part of your rewrite, for continuity. Do not repeat it:\n{context}\n\n"
                     "Now rewrite the next part in the same way.\n{text}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from datapipe.packing import SpecialIds
+from datapipe.packing.bfd import SpecialIds
 from datapipe.schema import Document
 
 TEXT_HEAD = 200  # characters of text kept per document, for the rejects file of documents no stage used

@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from datapipe.shardformat import READABLE_FORMATS
+
 try:
     from orjson import loads as json_loads  # 3-5x faster than json on index files and sample headers
 except ImportError:  # pragma: no cover - orjson is a dependency; plain json gives the same fields
     from json import loads as json_loads
 
 BLOCK = 512
-INDEX_FORMAT = "datapipe-index/2"  # 2: a column's list may be a progression (index_part); 1 is read as well
-READABLE_FORMATS = ("datapipe-index/1", INDEX_FORMAT)
 REINDEX = "rewrite the stage, or delete the index files to read the shards by their tar headers"
 
 
@@ -164,15 +164,6 @@ def member_table(index: dict[str, Any], samples: int) -> tuple[dict[str, int], n
     values = [part_values(part) for row in zip(*members.values()) for part in row]  # numbers of each column, ...
     table = np.concatenate(values).reshape(3, -1) if values else np.empty((3, 0), dtype=np.int64)
     return {suffix: column[0] for suffix, column in zip(members, lengths)}, table
-
-
-def index_part(values: list[int]) -> list[int] | dict[str, int]:
-    """A column's numbers, offsets or sizes as the index stores them: an arithmetic progression
-    (every sample's member at one stride, as ShardWriter lays text samples) as {start, step,
-    count}, read in microseconds where a list costs ~25 ns an item to parse; any other as a list."""
-    if len(values) > 2 and len({b - a for a, b in zip(values, values[1:])}) == 1:
-        return {"start": values[0], "step": values[1] - values[0], "count": len(values)}
-    return values
 
 
 def part_length(part: list[int] | dict[str, int]) -> int:

@@ -38,13 +38,14 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from datapipe import fetch
-from datapipe.batches import Rows, batch_count, batched, collate, span_rows
-from datapipe.plan import Placement, Span, Stage, epoch_plan, spans_from, stage_ends, window_order, windows
+from datapipe.loader import fetch
+from datapipe.loader.batches import Rows, batch_count, batched, collate, span_rows
+from datapipe.loader.decode import BadSample, SpanPlan, decode_samples, plan_span
+from datapipe.loader.positions import finish_samples, span_positions
+from datapipe.loader.schedule import Placement, Span, Stage, epoch_plan, spans_from, stage_ends, window_order, windows
+from datapipe.loader.shardindex import ShardError, ShardIndex, parse_index, walk_index
 from datapipe.schema import PackedSample
-from datapipe.shardindex import ShardError, ShardIndex, parse_index, walk_index
-from datapipe.shards import MANIFEST, RUN_MANIFEST, finish_samples, span_positions
-from datapipe.tarsamples import BadSample, SpanPlan, decode_samples, member_field, plan_span
+from datapipe.shardformat import MANIFEST, RUN_MANIFEST, member_field
 
 log = logging.getLogger(__name__)
 ON_ERROR = ("raise", "skip")

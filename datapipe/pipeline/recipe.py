@@ -8,13 +8,14 @@ applied to the raw YAML before validation, so they get the same checks.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator
 
-from datapipe import registry
-from datapipe.curriculum import CurriculumStage, curriculum_problems
+from datapipe.packing.curriculum import CurriculumStage, curriculum_problems
+from datapipe.pipeline import registry
+from datapipe.stage import StageConfig, Strict
 
 
 class RecipeError(ValueError):
@@ -24,10 +25,6 @@ class RecipeError(ValueError):
 class RunError(RuntimeError):
     """A run that cannot start for a reason outside the recipe (a cluster that does not answer);
     the message says what to do."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SourceConfig(Strict):
@@ -47,19 +44,6 @@ class SourceConfig(Strict):
         if value not in registry.SOURCES:
             raise ValueError(f"unknown source type {value!r}; allowed: {', '.join(sorted(registry.SOURCES))}")
         return value
-
-
-class StageConfig(Strict):
-    """Fields every stage accepts; each stage module subclasses this as `Config`."""
-
-    path_fields: ClassVar[tuple[str, ...]] = ()  # fields holding file paths, resolved against the recipe's folder
-    actor: ClassVar[bool] = False  # True: runs in a Ray actor pool that keeps a warm resource
-
-    stage: str  # the registry name
-    batch_size: int = Field(256, ge=1)  # records per Ray Data batch: big enough to amortize per-batch overhead
-    concurrency: int | None = Field(None, ge=1)  # actor-pool size for warm stages; None = one actor
-    num_cpus: float | None = Field(None, gt=0)  # CPUs each task or actor reserves; None = Ray's default (1)
-    num_gpus: float | None = Field(None, ge=0)  # GPUs each task or actor reserves (a vLLM engine: 1); None = none
 
 
 class ShardConfig(Strict):

@@ -31,9 +31,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from datapipe.shardindex import BLOCK, ShardError, ShardIndex, as_array, json_loads, tar_blocks, walk_index
+from datapipe.loader.shardindex import BLOCK, ShardError, ShardIndex, as_array, json_loads, tar_blocks, walk_index
+from datapipe.shardformat import member_kind
 
-IMAGE_SUFFIXES = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff")
 NPY_MAGIC = b"\x93NUMPY"
 NPY_HEADER_LIMIT = 10_000  # bytes; numpy.lib.format's max_header_size
 DECODE_ERRORS = (ValueError, SyntaxError, KeyError, TypeError, IndexError)  # what a damaged member raises
@@ -292,27 +292,6 @@ class MemberDecoder:
         self.errors.setdefault(number, ShardError(
             f"{self.shard}: member {key}.{suffix} does not decode ({err}); "
             "check it with verify=True, rewrite it, or read with on_error='skip'"))
-
-
-@lru_cache(maxsize=1024)
-def member_kind(suffix: str) -> tuple[str, str]:
-    """("npy", array name) | ("json", "") | ("image", index) | ("bytes", suffix), by the last extension."""
-    stem, _, extension = suffix.rpartition(".")
-    if extension == "npy":
-        return "npy", stem
-    if extension == "json":
-        return "json", ""
-    if extension in IMAGE_SUFFIXES:
-        return "image", stem
-    return "bytes", suffix
-
-
-def member_field(suffix: str) -> str:
-    """The sample field a member fills, as the loader's `fields` option names it: an array's name
-    ("tokens" for k.tokens.npy), "json" for the header whose fields merge into the sample,
-    "images" for k.0.png..., a raw member's suffix."""
-    kind, name = member_kind(suffix)
-    return {"npy": name, "json": "json", "image": "images"}.get(kind, suffix)
 
 
 @lru_cache(maxsize=4096)

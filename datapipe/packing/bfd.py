@@ -23,7 +23,7 @@ import numpy as np
 from datapipe.schema import PackedSample
 
 if TYPE_CHECKING:
-    from datapipe.spill import Corpus
+    from datapipe.packing.corpus import Corpus
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, 
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) and (lengths.min() < 1 or lengths.max() > seq_len):
         raise ValueError(f"piece lengths must be within 1..{seq_len}; split longer documents first")
-    from datapipe.bfd_kernel import best_fit_decreasing_loop  # numba compiles once, then loads from its cache
+    from datapipe.packing.bfd_kernel import best_fit_decreasing_loop  # numba compiles once, then loads from its cache
 
     bins = np.empty(len(lengths), dtype=np.int64)
     num_bins = best_fit_decreasing_loop(lengths, seq_len, bins)
@@ -82,7 +82,7 @@ def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, 
 def split_pieces(docs: np.ndarray, lengths: np.ndarray, seq_len: int,
                  spans: dict[int, np.ndarray] | None = None) -> Pieces:
     """Cut each (doc, length) into pieces of at most seq_len; the pieces of one copy stay adjacent."""
-    from datapipe.bfd_kernel import split_at
+    from datapipe.packing.bfd_kernel import split_at
 
     docs, lengths = np.asarray(docs, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
     pieces = Pieces(*split_at(docs, lengths, seq_len))
@@ -138,7 +138,7 @@ def plan_packing(pieces: Pieces, seq_len: int, window: int | None = None) -> Pac
     A piece of exactly seq_len fills a sequence alone, as BFD would place it; such pieces skip the
     search (at 8K on a ~64K cooldown mix they are nine pieces in ten).
     """
-    from datapipe.bfd_kernel import group_by_bin
+    from datapipe.packing.bfd_kernel import group_by_bin
 
     n = len(pieces.length)
     bins, base = np.empty(n, dtype=np.int64), 0

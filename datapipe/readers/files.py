@@ -39,7 +39,7 @@ def read_files(cfg: Any, path: str) -> Iterator[Document]:
 
 
 def read_manifest(cfg: Any, path: str) -> Iterator[Document]:
-    from datapipe.sources import read_jsonl  # rows come back as documents: malformed lines are rejects already
+    from datapipe.readers.tabular import read_jsonl  # rows come back as documents: malformed lines are rejects already
 
     manifest_dir = Path(path).resolve().parent
     rows = read_jsonl(cfg.model_copy(update={"text_field": cfg.file_field, "id_field": None}), path)

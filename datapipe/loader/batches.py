@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from datapipe.shardindex import as_array, json_loads
-from datapipe.tarsamples import DECODE_ERRORS, ArrayColumn, SpanPlan
+from datapipe.loader.decode import DECODE_ERRORS, ArrayColumn, SpanPlan
+from datapipe.loader.shardindex import as_array, json_loads
 
 LISTED = ("doc_lens",)  # arrays never stacked, even if as long as the tokens: one entry per document
 

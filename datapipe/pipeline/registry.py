@@ -5,23 +5,24 @@ importing datapipe stays fast and a stage's heavy dependencies load in its worke
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from datapipe.stage import load
 
 # Readers of files: read(source_config, path) -> Iterator[Document]; one Ray task per file.
 FILE_READERS: dict[str, str] = {
-    "jsonl": "datapipe.sources:read_jsonl",  # .jsonl, .jsonl.gz, .jsonl.zst
-    "parquet": "datapipe.sources:read_parquet",
-    "hf_disk": "datapipe.sources:read_hf_disk",  # a folder written by datasets' save_to_disk
-    "warc": "datapipe.warc:read_warc",  # WARC/ARC/WET, plain, gzip or lz4; HTML responses as kind "html"
-    "html": "datapipe.warc:read_html",  # saved pages (.html, .html.gz), one document each
-    "files": "datapipe.files:read_files",  # one document per file (or per row of a JSONL manifest of files)
+    "jsonl": "datapipe.readers.tabular:read_jsonl",  # .jsonl, .jsonl.gz, .jsonl.zst
+    "parquet": "datapipe.readers.tabular:read_parquet",
+    "hf_disk": "datapipe.readers.tabular:read_hf_disk",  # a folder written by datasets' save_to_disk
+    "warc": "datapipe.readers.warc:read_warc",  # WARC/ARC/WET, plain, gzip or lz4; HTML responses as kind "html"
+    "html": "datapipe.readers.warc:read_html",  # saved pages (.html, .html.gz), one document each
+    "files": "datapipe.readers.files:read_files",  # one document per file (or per row of a JSONL manifest of files)
 }
 
 # Generators: generate(source_config, seed, start, stop) -> Iterator[Document]; one task per range.
 GENERATORS: dict[str, str] = {
-    "pydoc_topics": "datapipe.generators:pydoc_topics",  # the docs every Python install carries
-    "python_programs": "datapipe.generators:python_programs",  # seeded, procedurally generated code
+    "pydoc_topics": "datapipe.readers.generators:pydoc_topics",  # the docs every Python install carries
+    "python_programs": "datapipe.readers.generators:python_programs",  # seeded, procedurally generated code
     "svg_programs": "renderers.procedural_svg:svg_programs",  # seeded SVGs: shapes, paths, gradients, text
     "html_pages": "renderers.procedural_html:html_pages",  # seeded pages: layouts, tables, forms, type
 }
@@ -43,13 +44,6 @@ STAGES: dict[str, str] = {
     "render_dedupe": "renderers.dedupe",  # near-duplicate renders by perceptual hash, global (one actor)
     "code_image_samples": "renderers.samples",  # (code, images) -> image-to-code / code-to-image documents
 }
-
-
-def load(target: str) -> Any:
-    """Import "module:attribute" (or a whole module when there is no colon)."""
-    module_name, _, attribute = target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, attribute) if attribute else module
 
 
 def stage_module(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""Readers that turn files into Document records, one Ray task per file.
+"""Tabular sources: JSONL (plain, gzip, zstd), Parquet and Hugging Face datasets saved to disk.
 
 A reader never raises on bad input: a malformed line, invalid UTF-8, a missing or
 empty text field becomes one reject record with its file, line and reason; an
@@ -10,121 +10,19 @@ from __future__ import annotations
 
 import codecs
 import datetime
-import glob
-import gzip
-import io
 import json
 import re
-import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, Iterator
 
-import zstandard
-
-from datapipe import registry
-from datapipe.config import RecipeError
+from datapipe.readers.compressed import CORRUPT_STREAM_ERRORS, open_binary
 from datapipe.schema import Document, new_document, new_reject
 
-# Errors a decompressor raises on a damaged stream (gzip: BadGzipFile is an OSError, a
-# truncated member is an EOFError); anything else is a bug and surfaces.
-CORRUPT_STREAM_ERRORS = (EOFError, OSError, zlib.error, zstandard.ZstdError)
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only such escapes can make a lone surrogate
 # meta keys the runner and run stats read back: a row's own column of that name is kept as
 # source_<name> (a "language" dict or a "bytes_in" number crashed the stats; "derived_from"
 # made an input record count as created)
 PIPELINE_META = ("transforms", "bytes_in", "language", "derived_from", "pii", "error")
-GENERATOR_CHUNK = 500  # generator indices per work item (one Ray task each)
-
-
-def work_items(recipe: Any, source: Any) -> list[dict[str, Any]]:
-    """Files for readers (globs and folders expanded), index ranges for generators."""
-    if source.type in registry.GENERATORS:
-        return [{"path": "", "start": s, "stop": min(s + GENERATOR_CHUNK, source.count)}
-                for s in range(0, source.count, GENERATOR_CHUNK)]
-    if not source.paths:
-        raise RecipeError(f"sources.{source.name}.paths: a {source.type} source needs at least one path")
-    files = [f for pattern in source.paths for f in expand_path(recipe.resolve(pattern))]
-    # One missing file among others is a reject (read.missing_file); a source with none is a wrong path.
-    if not any(Path(f).exists() for f in files):
-        raise RecipeError(f"sources.{source.name}.paths: {source.paths} matched no files "
-                          f"(relative paths start at {recipe.base_dir})")
-    return [{"path": f, "start": 0, "stop": 0} for f in files]
-
-
-def expand_path(path: Path) -> list[str]:
-    if any(ch in str(path) for ch in "*?["):
-        # a pattern that matches nothing is read as a missing file: a reject that names it, not a silent skip
-        return sorted(glob.glob(str(path), recursive=True)) or [str(path)]
-    if path.is_dir() and not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
-        return sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    return [str(path)]  # a missing file becomes a reject at read time, not a silent skip
-
-
-def read_work_item(source: Any, seed: int, item: dict[str, Any]) -> Iterator[Document]:
-    reader = registry.load(registry.SOURCES[source.type])
-    if source.type in registry.GENERATORS:
-        return reader(source, seed, item["start"], item["stop"])
-    return reader(source, item["path"])
-
-
-def iter_recipe_documents(recipe: Any) -> Iterator[Document]:
-    """Every document of a recipe's sources, read in this process (no Ray), limits applied."""
-    for source in recipe.sources:
-        documents = (doc for item in work_items(recipe, source) for doc in read_work_item(source, recipe.seed, item))
-        for count, doc in enumerate(documents, start=1):
-            yield doc
-            if source.limit and count >= source.limit:
-                break
-
-
-def open_binary(path: Path) -> BinaryIO:
-    """Open plain, gzip or zstd files by extension, streaming."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rb")
-    if path.suffix in (".zst", ".zstd"):
-        return io.BufferedReader(ZstdFrames(open(path, "rb")))
-    return open(path, "rb")
-
-
-class ZstdFrames(io.RawIOBase):
-    """Decompresses every zstd frame of a file in turn; a frame cut short raises ZstdError.
-
-    zstandard's stream_reader reports a cut frame as a clean end of file, losing the rest silently.
-    """
-
-    CHUNK = 1 << 16
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self._raw = raw
-        self._obj = zstandard.ZstdDecompressor().decompressobj()
-        self._in_frame = False  # bytes fed to the current frame that did not complete it yet
-        self._pending = bytearray()  # deleting from its front is cheap (CPython moves a start offset)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            chunk = self._raw.read(self.CHUNK)
-            if not chunk:
-                if self._in_frame:
-                    raise zstandard.ZstdError("truncated zstd file: the last frame is incomplete")
-                return 0
-            while chunk:
-                self._pending += self._obj.decompress(chunk)
-                self._in_frame = not self._obj.eof
-                chunk = b""
-                if self._obj.eof:  # a frame ended: the bytes after it start the next one
-                    chunk = self._obj.unused_data
-                    self._obj = zstandard.ZstdDecompressor().decompressobj()
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        del self._pending[:size]
-        return size
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
 
 
 def read_jsonl(cfg: Any, path: str) -> Iterator[Document]:

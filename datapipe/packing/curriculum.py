@@ -28,9 +28,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from datapipe.packing import PackPlan, SpecialIds, make_sample, media_safe_prefix, plan_packing, split_pieces
+from datapipe.packing.bfd import PackPlan, SpecialIds, make_sample, media_safe_prefix, plan_packing, split_pieces
+from datapipe.packing.corpus import Corpus
 from datapipe.schema import PackedSample
-from datapipe.spill import Corpus
 
 # A stage's outcome per document, from used to farthest from use. When no stage used a document, its
 # reject reason is the outcome of the stage that came closest: "over budget" says more budget would use it.

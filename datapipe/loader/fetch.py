@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from datapipe.shardindex import ShardError
+from datapipe.loader.shardindex import ShardError
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from datapipe.report import summary_table
-from datapipe.shards import MANIFEST, read_manifest
-from datapipe.stream import stream
+from datapipe.loader.stream import stream
+from datapipe.pipeline.report import summary_table
+from datapipe.shardformat import MANIFEST, read_manifest
 
 
 def inspect_run(out_dir: Path, n_samples: int, console: Console) -> None:

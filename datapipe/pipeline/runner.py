@@ -24,15 +24,18 @@ from typing import Any, Callable, Iterator
 from rich.console import Console
 from rich.progress import track
 
-from datapipe import registry
-from datapipe.config import RayConfig, Recipe, RecipeError, RunError, SourceConfig, StageConfig
-from datapipe.curriculum import CurriculumStage, Usage, pack_stage, stage_stats
-from datapipe.packing import SpecialIds
-from datapipe.report import RunStats, make_progress, update_progress
+from datapipe.packing.bfd import SpecialIds
+from datapipe.packing.corpus import Corpus, SpillWriter
+from datapipe.packing.curriculum import CurriculumStage, Usage, pack_stage, stage_stats
+from datapipe.packing.writer import ShardWriter, write_run_manifest
+from datapipe.pipeline import registry
+from datapipe.pipeline.inputs import read_work_item, work_items
+from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError, SourceConfig
+from datapipe.pipeline.report import make_progress, update_progress
+from datapipe.pipeline.stats import RunStats
 from datapipe.schema import Document, docs_from_table, docs_to_table, mark_transform
-from datapipe.shards import MANIFEST, RUN_MANIFEST, ShardWriter, write_run_manifest
-from datapipe.sources import read_work_item, work_items
-from datapipe.spill import Corpus, SpillWriter
+from datapipe.shardformat import MANIFEST, RUN_MANIFEST
+from datapipe.stage import StageConfig
 
 READ_BATCH = 1024  # documents per Arrow block out of a reader
 SPILL = "spill"  # out/<run>/spill/: the live tokenized documents, written once, read by every curriculum stage

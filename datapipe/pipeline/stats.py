@@ -1,4 +1,4 @@
-"""Run accounting, the progress bar and the end-of-run summary.
+"""Run accounting: every record counted once, per source, stage, reason, language and length.
 
 Every record that leaves the plan is counted exactly once: as written (packed into a
 sample) or rejected under its reason. Records made by a stage (a rewrite, a render)
@@ -18,14 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
 from datapipe.schema import Document
 
 LENGTH_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)  # characters; x4 steps from a tweet to a book chapter
-
 
 class RunStats:
     def __init__(self, recipe_name: str):
@@ -127,7 +122,7 @@ class RunStats:
 
         Groups run in the stage module's RULE_ORDER and the first failure rejects, so a group's
         input is the stage's input less what the groups before it dropped."""
-        from datapipe import registry
+        from datapipe.pipeline import registry
 
         rules = {}
         for stage in self.stage_names():
@@ -146,7 +141,6 @@ class RunStats:
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2))
 
-
 def length_bucket(n_chars: int) -> str:
     """A histogram label: "<64", "64-256", ..., ">=262144" characters."""
     lower = 0
@@ -156,76 +150,6 @@ def length_bucket(n_chars: int) -> str:
         lower = upper
     return f">={lower}"
 
-
 def ordered_buckets(counts: Counter) -> dict[str, int]:
     labels = [length_bucket(0)] + [length_bucket(edge) for edge in LENGTH_BUCKETS]
     return {label: counts[label] for label in labels if counts[label]}
-
-
-def make_progress(console: Console) -> Progress:
-    """An open-ended bar: records and tokens so far, and their rates."""
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        TextColumn("{task.completed:,.0f} records ({task.fields[rps]:,.0f}/s)"),
-        TextColumn("{task.fields[tokens]:,} tokens ({task.fields[tps]:,.0f}/s)"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-
-
-def update_progress(progress: Progress, task: Any, stats: RunStats) -> None:
-    elapsed = max(time.monotonic() - stats.started, 1e-9)
-    done = stats.written.total() + stats.rejected.total()
-    progress.update(task, completed=done, tokens=stats.tokens, rps=done / elapsed, tps=stats.tokens / elapsed)
-
-
-def megabytes(n_bytes: int) -> str:
-    return f"{n_bytes / 1e6:,.2f} MB"
-
-
-def summary_table(stats: dict[str, Any], title: str) -> Table:
-    """The end-of-run table: what came in, what went out, and why anything was rejected."""
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    records_in, created = sum(stats["records_in"].values()), sum(stats["created"].values())
-    table.add_row("records in", f"{records_in:,}")
-    if created:
-        table.add_row("records created by stages", f"{created:,}")
-    table.add_row("records written", f"{sum(stats['written'].values()):,}")
-    table.add_row("records rejected", f"{sum(stats['rejected'].values()):,}")
-    for reason, n in stats["rejected"].items():
-        table.add_row(f"  {reason}", f"{n:,} ({megabytes(stats.get('rejected_bytes', {}).get(reason, 0))})")
-    for stage, counts in stats.get("stages", {}).items():
-        if "bytes_in" in counts:
-            size = f" ({megabytes(counts['bytes_in'])} in)" if counts["bytes_in"] else ""
-            table.add_row(f"stage {stage}: in / kept / rejected",
-                          f"{counts['in']:,} / {counts['kept']:,} / {counts['rejected']:,}{size}")
-    for rule, counts in stats.get("rules", {}).items():
-        table.add_row(f"  rule {rule}: in / kept / dropped", f"{counts['in']:,} / {counts['kept']:,} / {counts['dropped']:,}")
-    if stats.get("pii_redactions"):
-        table.add_row("PII redacted", ", ".join(f"{kind} {n:,}" for kind, n in stats["pii_redactions"].items()))
-    if set(stats.get("languages", {})) - {"unknown"}:
-        top = ", ".join(f"{lang} {n:,}" for lang, n in list(stats["languages"].items())[:6])
-        table.add_row("languages written", top)
-    table.add_row("tokens written", f"{stats['tokens']:,}")
-    for stage, packed in stats["packing"].items():
-        table.add_row(f"stage {stage}", stage_summary(packed))
-        for source, use in packed.get("sources", {}).items():
-            table.add_row(f"  {stage} {source}", f"{use['tokens']:,} tokens (target {use['target']:,})")
-    table.add_row("accounting", "in + created = written + rejected" if stats["balanced"] else "[red]UNBALANCED")
-    table.add_row("wall time", f"{stats['wall_s']:.1f} s")
-    return table
-
-
-def stage_summary(packed: dict[str, Any]) -> str:
-    """One curriculum stage in a line: samples, fill, what happened to long documents, tokens against budget."""
-    line = (f"{packed['samples']:,} samples x {packed['seq_len']:,} in {packed['shards']} shards, "
-            f"fill {packed['fill']:.2%}, {packed.get('docs', 0):,} docs ({packed.get('split_docs', 0):,} split")
-    line += f", {packed['truncated_docs']:,} truncated" if packed.get("truncated_docs") else ""
-    line += f", {packed['upsampled_copies']:,} upsampled copies" if packed.get("upsampled_copies") else ""
-    budget = packed.get("budget", {})
-    limit = f", [yellow]limited by {budget['limited_by']}[/yellow]" if budget.get("limited_by") else ""
-    return line + f"), {packed['tokens']:,} tokens of {budget.get('target', packed['tokens']):,} target{limit}"
