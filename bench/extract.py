@@ -1,6 +1,6 @@
 """HTML extraction quality and speed on the gold pages of ../shared/data/web_text/html_pages.
 
-Pages are decoded by our reader (datapipe.warc.read_html: declared/undeclared charsets);
+Pages are decoded by our reader (datapipe.readers.warc.read_html: declared/undeclared charsets);
 each backend of the extract stage turns them into text. Quality is bag-of-words
 precision/recall/F1 against the gold text (Readability.js expected output and
 newspaper4k gold .txt: full texts); goose3's gold `cleaned_text` is only a prefix of the

@@ -4,7 +4,7 @@ Two length mixes, as K3's curriculum sees them:
   pretrain  2M documents, lognormal around 2K tokens (sigma 1.1) plus a 0.2% log-uniform tail from 32K to 1M;
   cooldown  200K documents, lognormal around 64K tokens (sigma 1.0), long-heavy, up to 1M;
 each packed into 8K, 64K, 256K and 1M sequences by:
-  ours          datapipe.packing: split only documents longer than seq_len, then best-fit decreasing
+  ours          datapipe.packing.bfd: split only documents longer than seq_len, then best-fit decreasing
                 over the whole stage (numba, 64-ary bit tree over remaining room), pieces grouped per sequence;
   first-fit     the same pieces in arrival order, each into the first open sequence with room (numba,
                 max segment tree over sequences: O(log n), far faster than the O(n * sequences) loops

@@ -13,7 +13,7 @@ and `streaming.StreamingDataset`. Every loader hands out token arrays already in
 the others copy per sample); the consumer gathers them into batches of 8 and reads one
 token of each. "ours" decodes the same members the peers do (position_ids=False);
 "ours_positions" also derives position_ids, the loader's default; "ours_batched" hands out
-batches of 8 (batch_size=8: [8, seq_len] views of the mapped shard, datapipe.batches), the
+batches of 8 (batch_size=8: [8, seq_len] views of the mapped shard, datapipe.loader.batches), the
 same members; "ours_batched_arrays" the same batches of the array members only (fields=
 tokens, loss_mask, doc_lens: what a trainer feeds its model; no json header, so no doc ids);
 "ours_walk" reads the same stage as shards of another

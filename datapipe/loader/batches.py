@@ -46,7 +46,7 @@ class Rows(NamedTuple):
 
 
 def span_rows(buffer, plan: SpanPlan, with_positions: bool, positions: np.ndarray | None) -> Rows | None:
-    """A span's rows straight from its plan (datapipe.tarsamples.plan_span), equal to collate() of
+    """A span's rows straight from its plan (datapipe.loader.decode.plan_span), equal to collate() of
     the samples decode_samples would build: the per-token array columns laid at one stride as 2-D
     views, the json headers parsed in one call and turned into a list per field. None unless the
     span is the usual one (every sample has each array and a json header, the headers have one
@@ -168,7 +168,7 @@ def batched(spans: Iterator[Rows], batch_size: int, drop_last: bool, position: i
             ends: list[int]) -> Iterator[tuple[dict, int]]:
     """Batches of `batch_size` rows of consecutive spans, each with the position after its last
     row (counted on from `position`, where the first span starts). A batch never mixes two
-    curriculum stages (they end at the positions `ends`, datapipe.plan.stage_ends): a stage's
+    curriculum stages (they end at the positions `ends`, datapipe.loader.schedule.stage_ends): a stage's
     last batch is shorter, or left out with drop_last."""
     parts: list[dict[str, Any]] = []
     missing, stage = batch_size, None

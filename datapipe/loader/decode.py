@@ -1,7 +1,7 @@
 """Decode the samples of a tar shard held in memory, by member extension.
 
-A shard is read whole into one buffer (datapipe.fetch); where each member's bytes lie
-comes from its ShardIndex (datapipe.shardindex: the index file beside the shard, or a walk
+A shard is read whole into one buffer (datapipe.loader.fetch); where each member's bytes lie
+comes from its ShardIndex (datapipe.loader.shardindex: the index file beside the shard, or a walk
 over its tar headers).
 
 Arrays come back as numpy views into the shard buffer (no copy; writable), sliced from

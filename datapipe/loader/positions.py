@@ -14,7 +14,7 @@ from datapipe.shardformat import derive_position_ids, int32_range
 
 def finish_sample(sample: dict[str, Any], with_positions: bool = True) -> PackedSample:
     """The fields a shard does not store: an images list (empty for text), media_spans, and the
-    position ids that doc_lens imply. The decoder (datapipe.tarsamples) put images in span order."""
+    position ids that doc_lens imply. The decoder (datapipe.loader.decode) put images in span order."""
     sample.setdefault("images", [])
     sample.setdefault("media_spans", [])
     seq_len = sequence_length(sample) if with_positions and "doc_lens" in sample else None
@@ -27,7 +27,7 @@ def finish_samples(samples: list, with_positions: bool = True, buffers: Any = No
     """finish_sample for a list of decoded samples (other items in it are left alone). Position
     ids: row i of `positions` (span_positions') for samples[i] when every sample's seq_len is its
     width, otherwise all derived here at once (add_position_ids), into memory from `buffers` (a
-    datapipe.fetch.BufferPool) when given. A sample whose doc_lens cannot be its pieces (damage:
+    datapipe.loader.fetch.BufferPool) when given. A sample whose doc_lens cannot be its pieces (damage:
     negative, or more than seq_len in all) becomes a BadSample of `shard`."""
     decoded = [finish_sample(sample, with_positions=False) for sample in samples if sample.__class__ is dict]
     if not with_positions or not decoded:
@@ -85,7 +85,7 @@ def add_position_ids(samples: list[dict[str, Any]], lengths: list[int], buffers:
         sample["position_ids"] = row
 
 def span_positions(plan: Any, buffers: Any = None) -> np.ndarray | None:
-    """The position ids of a planned span (datapipe.tarsamples.SpanPlan), row i for its sample i,
+    """The position ids of a planned span (datapipe.loader.decode.SpanPlan), row i for its sample i,
     before any sample is built: a prefetch thread runs it while the main thread decodes the
     previous span, and its big numpy passes release the GIL. The sequence length is the tokens'
     (finish_samples checks it against each sample's seq_len). None unless every sample has

@@ -1,6 +1,6 @@
 """Where the members of a tar shard lie: its ShardIndex, from the index file beside it or a walk.
 
-datapipe.shards writes `shard-N.index.json` beside each shard: every sample's key, each
+datapipe.packing.writer writes `shard-N.index.json` beside each shard: every sample's key, each
 member's data offset and size, and the dtype and header size of each .npy column that has
 one layout. parse_index checks it against the manifest entry (size, sha256) and the shard's
 bounds in one numpy pass: under 1 us a sample. A shard from another tool has no index: its
@@ -9,7 +9,7 @@ about 14 us of Python a sample of four members on our 2-core box, the headers' c
 checked in one numpy pass. Damage ends a walk: the samples before it stay readable and the
 index says what happened. An index file is trusted as far as the manifest entry that pins
 its size and sha256: it is checked for shape and bounds, not against the tar headers.
-Decoding the members is datapipe.tarsamples' job.
+Decoding the members is datapipe.loader.decode's job.
 """
 from __future__ import annotations
 

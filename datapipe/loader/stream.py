@@ -3,21 +3,21 @@
 The loader reads a stage folder (manifest.json) or a run folder (run.json: the
 curriculum's stages in order, each until its token budget), from a local path or any
 fsspec URL. What a (rank, worker) reads, and in what order, is index arithmetic over
-the manifests (datapipe.plan): equal sample counts on every rank, shard order and a
+the manifests (datapipe.loader.schedule): equal sample counts on every rank, shard order and a
 window shuffle from (seed, epoch). So the state is two integers, (epoch, position):
 `load_state_dict` then `iter` reads one shuffle window and skips into it, and the
 samples that follow are exactly those an uninterrupted run would have yielded next.
 
 Shards are mapped or read whole (or downloaded into an optional cache) `prefetch` ahead
 by a thread pool, checked against the manifest's size and, with verify=True, its sha256.
-The same threads read each shard's index (datapipe.shards writes one beside each shard;
+The same threads read each shard's index (datapipe.packing.writer writes one beside each shard;
 a shard without one is located by a walk over its tar headers), plan the decoding of the
-span (datapipe.tarsamples.plan_span: numpy only) and derive its position ids
-(datapipe.shards.span_positions), so the thread that iterates only builds the sample
+span (datapipe.loader.decode.plan_span: numpy only) and derive its position ids
+(datapipe.loader.positions.span_positions), so the thread that iterates only builds the sample
 dicts: about 3 us a sample at 8K tokens in a tight loop on our 2-core box (about 7 in
 the loader), where `cat` of the same bytes takes 7-9 (bench/stream.py, README "Speed").
 With batch_size the loader yields batches of consecutive samples instead
-(datapipe.batches): in a shard of text samples the prefetch threads make each array column
+(datapipe.loader.batches): in a shard of text samples the prefetch threads make each array column
 one strided view of the shard and this thread only slices it, no Python per sample.
 A bad shard raises ShardError naming it; with on_error="skip" its samples are left out
 instead, logged, and listed in `.skipped` (that rank then yields fewer samples); a member
@@ -64,7 +64,7 @@ class StreamOptions:
     prefetch: int = 2  # shards read ahead of the one being decoded (shuffled: plus a window), in threads
     position_ids: bool = True  # derive position_ids from doc_lens as read_shard does (~40% of the decode at 8K)
     mmap: bool = True  # map local shards the page cache holds whole (no copy); False: read them (see fetch.map_cached)
-    batch_size: int | None = None  # yield batches of this many samples (datapipe.batches); None: samples one by one
+    batch_size: int | None = None  # yield batches of this many samples (datapipe.loader.batches); None: samples one by one
     drop_last: bool = False  # with batch_size: leave out an epoch's last batch when it is short
     fields: tuple[str, ...] | None = None  # decode only these members (see member_field); None: all of them
 

@@ -2,7 +2,7 @@
 
     dataset = StreamDataset("out/demo", shuffle=True, seed=0)   # rank and world_size from torch.distributed
     loader = StatefulDataLoader(dataset, batch_size=8, num_workers=2, collate_fn=collate_packed)
-    # or batches made by the loader (views of the shards, no per-sample Python; see datapipe.batches):
+    # or batches made by the loader (views of the shards, no per-sample Python; see datapipe.loader.batches):
     dataset = StreamDataset("out/demo", batch_size=8, num_workers=2)  # num_workers as the DataLoader's, for len()
     loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2, collate_fn=packed_batch)
     ...  torch.save(loader.state_dict(), path)  ...  loader.load_state_dict(torch.load(path))

@@ -1,4 +1,4 @@
-"""The compiled best-fit-decreasing loop behind datapipe.packing (numba; imported only when packing runs).
+"""The compiled best-fit-decreasing loop behind datapipe.packing.bfd (numba; imported only when packing runs).
 
 Sorting is a counting sort on length (O(n + capacity), stable). Open sequences are
 indexed by their remaining room (0..capacity) in a 64-ary bit tree: bit r of level 0

@@ -134,7 +134,7 @@ class ShardWriter:
 
 def write_index(folder: Path, shard: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     """`shard-N.index.json` beside the shard: its samples' keys and, per member suffix, the sample
-    numbers, data offsets and sizes, so the loader never walks tar headers (datapipe.shardindex),
+    numbers, data offsets and sizes, so the loader never walks tar headers (datapipe.loader.shardindex),
     and the layout of each .npy column whose members share one, so it reads none of their headers.
     It names the shard's size and sha256, so it never passes for another shard's; returns its
     manifest entry."""

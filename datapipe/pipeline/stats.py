@@ -61,7 +61,7 @@ class RunStats:
     def reject_late(self, record: dict[str, Any], reason: str, num_tokens: int) -> None:
         """A document counted as written that packing could not use after all (too long, over budget):
         every written figure count() gave it moves to the rejected side. `record` is the spill's
-        description of it (datapipe.spill.Corpus.describe: source, language, text_chars, text_bytes)."""
+        description of it (datapipe.packing.corpus.Corpus.describe: source, language, text_chars, text_bytes)."""
         self.written[record["source"]] -= 1
         self.tokens -= num_tokens
         self.languages[record["language"]] -= 1

@@ -18,7 +18,7 @@ from datapipe.text.gopher import GopherQuality, GopherRepetition, check_quality,
 from datapipe.text.words import split_words
 
 # The filter groups in evaluation order; a document meets a group only if it passed the ones
-# before, which is how the stats derive each group's documents in and kept (datapipe.report).
+# before, which is how the stats derive each group's documents in and kept (datapipe.pipeline.stats).
 RULE_ORDER = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
 
 
