@@ -35,13 +35,13 @@ from typing import Any
 
 import numpy as np
 
-MANIFEST = "manifest.json"
+MANIFEST = "manifest.json"  # a phase folder's; RUN_MANIFEST is the run folder's
 
 RUN_MANIFEST = "run.json"
 
-FORMAT = "datapipe-shards/1"
+FORMAT = "datapipe-shards/2"  # 2: the phase's name under "phase" (1: "stage")
 
-RUN_FORMAT = "datapipe-run/1"
+RUN_FORMAT = "datapipe-run/2"  # 2: the curriculum under "phases" (1: "stages")
 
 INDEX_SUFFIX = ".index.json"
 INDEX_FORMAT = "datapipe-index/2"  # 2: a column's list may be a progression (index_part); 1 is read as well
@@ -50,10 +50,20 @@ READABLE_FORMATS = ("datapipe-index/1", INDEX_FORMAT)
 IMAGE_SUFFIXES = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff")
 
 
+def run_phases(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run manifest's phases in training order: {"name", "token_budget"} each (format 1 said "stages")."""
+    return run["phases"] if "phases" in run else run["stages"]
+
+
+def phase_name(manifest: dict[str, Any], folder: str) -> str:
+    """A phase manifest's phase name (format 1 said "stage"), else its folder's name."""
+    return manifest.get("phase") or manifest.get("stage") or folder.rstrip("/").rsplit("/", 1)[-1]
+
+
 def read_manifest(folder: Path | str) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no manifest; is {folder} a stage folder written by `datapipe run`? "
+        raise FileNotFoundError(f"{path}: no manifest; is {folder} a phase folder written by `datapipe run`? "
                                 "(a run that did not finish has shards but no manifest)")
     return json.loads(path.read_text())
 

@@ -82,7 +82,7 @@ def test_every_token_comes_back_from_the_shards(finished_run, tiny_tokenizer):
 
 def test_run_json_lists_the_curriculum_and_the_run_folder_streams(finished_run):
     run = json.loads((finished_run / "run.json").read_text())
-    assert [s["name"] for s in run["stages"]] == ["main"] and run["seed"] == 0
+    assert [s["name"] for s in run["phases"]] == ["main"] and run["seed"] == 0
     manifest = json.loads((finished_run / "main" / "manifest.json").read_text())
     assert manifest["recipe_config"]["name"] == "tiny" and manifest["seed"] == 0
     by_folder = [s["key"] for s in stream(finished_run / "main")]

@@ -17,7 +17,7 @@ def write_run(folder, n_docs=300, per_shard=7, stage="main", seq_len=128, seed=5
     the samples in write order."""
     stage_config = CurriculumStage(name=stage, seq_len=seq_len)
     samples = list(pack_stage(stage_config, make_corpus(seed, n_docs, **docs), 0, IDS)[2])
-    with ShardWriter(folder, per_shard, {"stage": stage, "seq_len": seq_len}, max_bytes) as writer:
+    with ShardWriter(folder, per_shard, {"phase": stage, "seq_len": seq_len}, max_bytes) as writer:
         for sample in samples:
             writer.write(sample)
     return samples

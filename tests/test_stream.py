@@ -143,6 +143,19 @@ def write_curriculum(out, world_size_budget_factor=2.5):
     return budget
 
 
+def test_a_run_folder_of_format_1_reads_as_before(tmp_path):
+    """run.json of format 1 named the curriculum "stages" and each phase manifest its "stage"."""
+    write_curriculum(tmp_path)
+    expected = [s["key"] for s in stream(tmp_path, shuffle=True, seed=3)]
+    run = json.loads((tmp_path / "run.json").read_text())
+    run["format"], run["stages"] = "datapipe-run/1", run.pop("phases")
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    for phase in ("short", "long"):
+        manifest = read_manifest(tmp_path / phase)
+        manifest["format"], manifest["stage"] = "datapipe-shards/1", manifest.pop("phase")
+        (tmp_path / phase / "manifest.json").write_text(json.dumps(manifest))
+    assert [s["key"] for s in stream(tmp_path, shuffle=True, seed=3)] == expected
+
 def test_curriculum_follows_stages_in_order_with_their_budgets(tmp_path):
     budget = write_curriculum(tmp_path)
     per_rank = [list(stream(tmp_path, rank, 2, shuffle=True, seed=3)) for rank in range(2)]

@@ -45,7 +45,7 @@ from datapipe.loader.positions import finish_samples, span_positions
 from datapipe.loader.schedule import Placement, Span, Stage, epoch_plan, spans_from, stage_ends, window_order, windows
 from datapipe.loader.shardindex import ShardError, ShardIndex, parse_index, walk_index
 from datapipe.schema import PackedSample
-from datapipe.shardformat import MANIFEST, RUN_MANIFEST, member_field
+from datapipe.shardformat import MANIFEST, RUN_MANIFEST, member_field, phase_name, run_phases
 
 log = logging.getLogger(__name__)
 ON_ERROR = ("raise", "skip")
@@ -395,7 +395,7 @@ def load_stages(source: str | Path | list[str | Path]) -> list[Stage]:
     run = fetch.read_text(fetch.join(location, RUN_MANIFEST))
     if run is not None:
         return [load_stage(fetch.join(location, entry["name"]), entry.get("token_budget"))
-                for entry in json.loads(run)["stages"]]
+                for entry in run_phases(json.loads(run))]
     return [load_stage(location, None)]
 
 
@@ -405,8 +405,7 @@ def load_stage(location: str, token_budget: int | None) -> Stage:
         raise FileNotFoundError(f"{location}: neither run.json (a run folder) nor manifest.json (a stage folder); "
                                 "a run that did not finish has neither: run it again with `datapipe run`")
     manifest = json.loads(text)
-    name = manifest.get("stage") or location.rstrip("/").rsplit("/", 1)[-1]
-    return Stage(name, location, tuple(manifest["shards"]), token_budget)
+    return Stage(phase_name(manifest, location), location, tuple(manifest["shards"]), token_budget)
 
 
 def data_fingerprint(stages: list[Stage]) -> str:

@@ -155,13 +155,13 @@ def remove_previous_output(folder: Path) -> None:
         stale.unlink()
 
 
-def write_run_manifest(out: Path, stages: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
-    """out/run.json, written after every stage's manifest: the curriculum the loader follows.
+def write_run_manifest(out: Path, phases: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+    """out/run.json, written after every phase's manifest: the curriculum the loader follows.
 
-    Each stage entry is {"name": folder name under out/, "token_budget": tokens to train on
-    before moving to the next stage, or None for one pass over the stage's shards}."""
-    entries = [{**stage, "token_budget": stage.get("token_budget")} for stage in stages]
-    manifest = {"format": RUN_FORMAT, **info, "stages": entries}
+    Each phase entry is {"name": folder name under out/, "token_budget": tokens to train on
+    before moving to the next phase, or None for one pass over the phase's shards}."""
+    entries = [{**phase, "token_budget": phase.get("token_budget")} for phase in phases]
+    manifest = {"format": RUN_FORMAT, **info, "phases": entries}
     write_atomic(Path(out) / RUN_MANIFEST, json.dumps(manifest, indent=2).encode())
     return manifest
 

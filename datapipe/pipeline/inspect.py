@@ -11,7 +11,7 @@ from rich.table import Table
 
 from datapipe.loader.stream import stream
 from datapipe.pipeline.report import summary_table
-from datapipe.shardformat import MANIFEST, read_manifest
+from datapipe.shardformat import MANIFEST, phase_name, read_manifest
 
 
 def inspect_run(out_dir: Path, n_samples: int, console: Console) -> None:
@@ -42,7 +42,7 @@ def stage_table(folder: Path, packed: dict) -> Table:
     """A stage's shards from its manifest, with the curriculum figures of stats.json beside them
     (metric and value rows, like the run summary: nine columns do not fit 80 characters)."""
     manifest = read_manifest(folder)
-    table = Table(title=f"stage {manifest.get('stage', folder.name)} ({folder})")
+    table = Table(title=f"stage {phase_name(manifest, str(folder))} ({folder})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     capacity = manifest["samples"] * manifest.get("seq_len", 0)

@@ -94,7 +94,7 @@ def write_stage(stage: CurriculumStage, corpus: Corpus, recipe: Recipe, out: Pat
     """Pack one curriculum stage over the whole corpus and write its shards; return its stats."""
     started = time.monotonic()
     selection, plan, samples = pack_stage(stage, corpus, recipe.seed, ids)
-    info = {"recipe": recipe.name, "seed": recipe.seed, "stage": stage.name, "seq_len": stage.seq_len,
+    info = {"recipe": recipe.name, "seed": recipe.seed, "phase": stage.name, "seq_len": stage.seq_len,
             "recipe_config": recipe.model_dump(mode="json", exclude={"base_dir"})}
     with ShardWriter(out / stage.name, recipe.shards.samples_per_shard, info, recipe.shards.max_bytes) as shards:
         for sample in track(samples, f"stage {stage.name}", total=plan.num_sequences, console=console, transient=True):
