@@ -33,13 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("recipe", help="a recipe YAML file, e.g. recipes/demo.yaml")
     run.add_argument("--out", type=Path, help="output folder (default: out/<recipe name>)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a recipe field, e.g. --set curriculum.main.seq_len=4096 (repeatable)")
+                     help="override a recipe field, e.g. --set phases.main.seq_len=4096 (repeatable)")
     run.add_argument("--ray-address", help="join this Ray cluster (default: RAY_ADDRESS, else local Ray)")
     run.set_defaults(handler=cmd_run)
 
     inspect = commands.add_parser("inspect", help="summarize a run's output folder")
     inspect.add_argument("out_dir", type=Path)
-    inspect.add_argument("--samples", type=int, default=2, help="decoded samples to show per stage")
+    inspect.add_argument("--samples", type=int, default=2, help="decoded samples to show per phase")
     inspect.set_defaults(handler=cmd_inspect)
 
     recipes = commands.add_parser("recipes", help="list recipes, one line each")

@@ -8,7 +8,7 @@ image (render.blank, render.low_detail). A kept document has doc["media"] = the 
 view) and meta["render"] = renderer, version, options, sizes, gate measures and a 64-bit
 dHash per image; its text stays the code (or becomes the stripped markup that was actually
 rendered). Documents of other kinds pass through untouched. Near-duplicates are the next
-stage's job (render_dedupe), which sees every render in order.
+stage's job (render_dedup), which sees every render in order.
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def test_valid_recipe_gets_typed_stage_configs(tmp_path):
     recipe = load_recipe(write(tmp_path, base()))
     assert [s.stage for s in recipe.stages] == ["normalize", "tokenize"]
     assert recipe.stages[0].form == "NFC"
-    assert [(c.name, c.seq_len) for c in recipe.curriculum] == [("main", 2048)]
+    assert [(c.name, c.seq_len) for c in recipe.phases] == [("main", 2048)]
     assert recipe.base_dir == tmp_path.resolve()
 
 
@@ -51,8 +51,8 @@ def test_unknown_top_level_key_names_it_and_lists_allowed(tmp_path):
 
 
 def test_unknown_nested_key_names_the_path(tmp_path):
-    message = error_of(tmp_path, {**base(), "curriculum": [{"seqlen": 10}]})
-    assert "curriculum[0].seqlen: unknown key" in message and "seq_len" in message
+    message = error_of(tmp_path, {**base(), "phases": [{"seqlen": 10}]})
+    assert "phases[0].seqlen: unknown key" in message and "seq_len" in message
 
 
 def test_unknown_stage_key_names_the_stage_index(tmp_path):
@@ -63,8 +63,8 @@ def test_unknown_stage_key_names_the_stage_index(tmp_path):
 
 
 def test_wrong_type_names_key_and_value(tmp_path):
-    message = error_of(tmp_path, {**base(), "curriculum": [{"seq_len": "long"}]})
-    assert "curriculum[0].seq_len" in message and "'long'" in message
+    message = error_of(tmp_path, {**base(), "phases": [{"seq_len": "long"}]})
+    assert "phases[0].seq_len" in message and "'long'" in message
 
 
 def test_bad_literal_lists_allowed_values(tmp_path):
@@ -107,20 +107,20 @@ def test_recipe_without_tokenize_is_rejected(tmp_path):
 
 
 def test_set_overrides_fields_and_stages_by_name(tmp_path):
-    path = write(tmp_path, {**base(), "curriculum": [{"name": "s8k", "seq_len": 8192}]})
-    recipe = load_recipe(path, ["curriculum.s8k.seq_len=4096", "stages.normalize.form=NFKC", "sources.0.count=7"])
-    assert recipe.curriculum[0].seq_len == 4096
+    path = write(tmp_path, {**base(), "phases": [{"name": "s8k", "seq_len": 8192}]})
+    recipe = load_recipe(path, ["phases.s8k.seq_len=4096", "stages.normalize.form=NFKC", "sources.0.count=7"])
+    assert recipe.phases[0].seq_len == 4096
     assert recipe.stages[0].form == "NFKC"
     assert recipe.sources[0].count == 7
 
 
 def test_set_override_is_validated_too(tmp_path):
-    message = error_of(tmp_path, {**base(), "curriculum": [{"seq_len": 8192}]}, ["curriculum.0.seq_len=tiny"])
-    assert "curriculum[0].seq_len" in message
+    message = error_of(tmp_path, {**base(), "phases": [{"seq_len": 8192}]}, ["phases.0.seq_len=tiny"])
+    assert "phases[0].seq_len" in message
 
 
 def test_set_override_bad_syntax_and_bad_item(tmp_path):
-    assert "KEY=VALUE" in error_of(tmp_path, base(), ["curriculum.0.seq_len"])
+    assert "KEY=VALUE" in error_of(tmp_path, base(), ["phases.0.seq_len"])
     assert "no list item 'dedup'" in error_of(tmp_path, base(), ["stages.dedup.x=1"])
 
 
@@ -138,4 +138,4 @@ def test_the_set_example_in_run_help_works_on_the_demo_recipe(capsys):
         cli.main(["run", "--help"])
     key, value = re.search(r"e\.g\.\s+--set\s+(\S+)=(\S+)", capsys.readouterr().out).groups()
     recipe = load_recipe(REPO / "recipes" / "demo.yaml", [f"{key}={value}"])
-    assert recipe.curriculum[0].seq_len == int(value) and key == "curriculum.main.seq_len"
+    assert recipe.phases[0].seq_len == int(value) and key == "phases.main.seq_len"

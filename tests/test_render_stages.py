@@ -1,4 +1,4 @@
-"""The pieces around the renderers: gates, perceptual-hash dedupe, training samples, the files
+"""The pieces around the renderers: gates, perceptual-hash dedup, training samples, the files
 source and the procedural generators (no Ray here; test_render_e2e runs them together)."""
 import io
 import json
@@ -12,9 +12,9 @@ from datapipe.pipeline.recipe import RecipeError, SourceConfig, validate_recipe
 from datapipe.readers.files import read_files
 from datapipe.schema import MEDIA_PLACEHOLDER, new_document
 from renderers.base import RenderOptions
-from renderers.dedupe import Config as DedupeConfig
-from renderers.dedupe import HashIndex
-from renderers.dedupe import make_stage as make_dedupe
+from renderers.dedup import Config as DedupConfig
+from renderers.dedup import HashIndex
+from renderers.dedup import make_stage as make_dedup
 from renderers.gates import GateConfig, check_image, dhash, grayscale, hamming
 from renderers.procedural_html import make_page
 from renderers.procedural_svg import make_svg
@@ -81,12 +81,12 @@ def rendered(doc_id: str, image: bytes, kind: str = "svg", code: str = "<svg/>")
     return doc
 
 
-def test_dedupe_keeps_the_first_copy_in_stream_order_whatever_the_batching():
+def test_dedup_keeps_the_first_copy_in_stream_order_whatever_the_batching():
     images = [png(shapes()), png(shapes(offset=1)), png(lambda c: c.ellipse([10, 10, 240, 240], fill=(0, 0, 0)))]
     docs = [rendered(str(i), images[i % 3]) for i in range(9)]
     outcomes = []
     for batch_size in (1, 4, 9):
-        stage = make_dedupe(DedupeConfig(stage="render_dedupe"))
+        stage = make_dedup(DedupConfig(stage="render_dedup"))
         fresh = [json.loads(json.dumps({**d, "media": []})) | {"media": d["media"]} for d in docs]
         out = [doc for start in range(0, 9, batch_size) for doc in stage(fresh[start : start + batch_size])]
         outcomes.append([(d["id"], d["reject"], d["meta"].get("duplicate_of")) for d in out])
@@ -96,10 +96,10 @@ def test_dedupe_keeps_the_first_copy_in_stream_order_whatever_the_batching():
     assert dict((i, o) for i, _, o in outcomes[0])["s/4"] == "s/0"
 
 
-def test_dedupe_refuses_more_than_one_actor():
+def test_dedup_refuses_more_than_one_actor():
     with pytest.raises(RecipeError, match="one actor"):
         validate_recipe({"name": "x", "sources": [{"name": "a", "type": "svg_programs"}],
-                         "stages": [{"stage": "render_dedupe", "concurrency": 2}, {"stage": "tokenize"}]})
+                         "stages": [{"stage": "render_dedup", "concurrency": 2}, {"stage": "tokenize"}]})
 
 
 def test_samples_place_one_placeholder_per_image_in_both_orders():

@@ -13,9 +13,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator
 
-from datapipe.packing.curriculum import CurriculumStage, curriculum_problems
+from datapipe.packing.curriculum import CurriculumPhase, phase_problems
 from datapipe.pipeline import registry
 from datapipe.stage import StageConfig, Strict
+
+RENAMED_KEYS = {"curriculum": "phases"}  # top-level recipe keys: old name -> new name
+RENAMED_STAGES = {"render_dedupe": "render_dedup"}  # stage names: old -> new (one spelling of dedup)
 
 
 class RecipeError(ValueError):
@@ -63,7 +66,7 @@ class Recipe(Strict):
     seed: int = 0  # every random choice (generators, shuffles) derives from it
     sources: list[SourceConfig] = Field(min_length=1)
     stages: list[SerializeAsAny[StageConfig]] = []  # each validated against its stage's own Config
-    curriculum: list[CurriculumStage] = Field([CurriculumStage()], min_length=1)  # packing stages, in training order
+    phases: list[CurriculumPhase] = Field([CurriculumPhase()], min_length=1)  # the curriculum, in training order
     shards: ShardConfig = ShardConfig()
     ray: RayConfig = RayConfig()
     base_dir: Path = Path(".")  # the recipe's folder; set by load_recipe, not by the YAML
@@ -95,9 +98,9 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe is a YAML mapping with at least `name` and `sources`")
     if "pack" in raw:
-        raise RecipeError(f"{path}: pack: replaced by a list of curriculum stages; write "
-                          "`curriculum: [{name: main, seq_len: 2048}]` (see README, Curriculum)")
-    raw.setdefault("curriculum", [{"name": "main"}])  # the default stage, spelled out so --set can reach it
+        raise RecipeError(f"{path}: pack: replaced by a list of curriculum phases; write "
+                          "`phases: [{name: main, seq_len: 2048}]` (see README, Curriculum)")
+    raw.setdefault("phases", [{"name": "main"}])  # the default phase, spelled out so --set can reach it
     for override in overrides:
         apply_override(raw, override, path)
     raw["base_dir"] = str(path.resolve().parent)
@@ -105,6 +108,7 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
 
 
 def validate_recipe(raw: dict[str, Any], path: Path | str = "<recipe>") -> Recipe:
+    refuse_renamed_keys(raw, path)
     try:
         recipe = Recipe.model_validate({k: v for k, v in raw.items() if k != "stages"})
     except ValidationError as err:
@@ -116,10 +120,17 @@ def validate_recipe(raw: dict[str, Any], path: Path | str = "<recipe>") -> Recip
     if "tokenize" not in [stage.stage for stage in stages]:
         raise RecipeError(f"{path}: stages: a recipe that writes shards needs a `- stage: tokenize` entry")
     stages = [resolve_paths(stage, recipe.base_dir) for stage in stages]
-    problems = curriculum_problems(recipe.curriculum, [source.name for source in recipe.sources])
+    problems = phase_problems(recipe.phases, [source.name for source in recipe.sources])
     if problems:
         raise RecipeError("\n  ".join([f"{path}: invalid recipe", *problems]))
     return recipe.model_copy(update={"stages": stages})
+
+
+def refuse_renamed_keys(raw: dict[str, Any], path: Path | str) -> None:
+    for old, new in RENAMED_KEYS.items():
+        if old in raw:
+            raise RecipeError(f"{path}: {old}: renamed to `{new}:` (same entries); rename the key "
+                              f"(and write --set {new}.NAME.KEY=VALUE)")
 
 
 def resolve_paths(stage: StageConfig, base_dir: Path) -> StageConfig:
@@ -136,6 +147,8 @@ def validate_stage(entry: Any, index: int, path: Path | str) -> StageConfig:
     where = f"{path}: stages[{index}]"
     if not isinstance(entry, dict) or "stage" not in entry:
         raise RecipeError(f"{where}: each stage is a mapping with a `stage:` name; allowed: {known_stages()}")
+    if entry["stage"] in RENAMED_STAGES:
+        raise RecipeError(f"{where}.stage: {entry['stage']} is now {RENAMED_STAGES[entry['stage']]}; rename it")
     if entry["stage"] not in registry.STAGES:
         raise RecipeError(f"{where}.stage: unknown stage {entry['stage']!r}; allowed: {known_stages()}")
     config_class = registry.stage_config_class(entry["stage"])
@@ -183,7 +196,7 @@ def apply_override(raw: dict[str, Any], override: str, path: Path | str) -> None
     """`a.b=value` (value parsed as YAML); list items by index or, for stages, by stage name."""
     key, sep, value = override.partition("=")
     if not sep or not key:
-        raise RecipeError(f"--set {override!r}: expected KEY=VALUE, for example --set curriculum.main.seq_len=4096")
+        raise RecipeError(f"--set {override!r}: expected KEY=VALUE, for example --set phases.main.seq_len=4096")
     parts = key.split(".")
     node: Any = raw
     for depth, part in enumerate(parts[:-1]):
