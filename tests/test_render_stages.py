@@ -8,7 +8,7 @@ import re
 import pytest
 from PIL import Image, ImageDraw
 
-from datapipe.pipeline.recipe import RecipeError, SourceConfig, validate_recipe
+from datapipe.pipeline.recipe import FilesSource, RecipeError, validate_recipe
 from datapipe.readers.files import read_files
 from datapipe.schema import MEDIA_PLACEHOLDER, new_document
 from renderers.base import RenderOptions
@@ -130,8 +130,8 @@ def test_samples_label_several_views_and_reject_what_cannot_be_a_sample():
     assert [d["reject"] for d in out] == ["code_image_samples.no_images", "code_image_samples.placeholder_in_code", ""]
 
 
-def files_source(**fields) -> SourceConfig:
-    return SourceConfig(name="files", type="files", **fields)
+def files_source(**fields) -> FilesSource:
+    return FilesSource(name="files", type="files", paths=["unused"], **fields)
 
 
 def test_files_source_reads_kinds_folders_and_encodings(tmp_path):
@@ -172,12 +172,11 @@ def test_generators_are_seeded_valid_and_varied():
     assert not any("<script" in p or "http" in p.replace("http://www.w3.org", "") for p in pages)
 
 
-def test_render_stage_names_the_known_kinds_for_an_unknown_one():
+def test_render_kinds_without_a_renderer_are_refused_when_the_recipe_loads():
     from renderers import make_renderer
-    from renderers.stage import Config as RenderConfig
-    from renderers.stage import make_stage as make_render
 
-    with pytest.raises(ValueError, match="known kinds: html, svg"):
-        make_render(RenderConfig(stage="render", kinds=["svg", "mesh"]))
+    with pytest.raises(RecipeError, match=r"stages\[0\]\.kinds: no renderer for 'pdf'; known kinds: html, svg"):
+        validate_recipe({"name": "x", "sources": [{"name": "a", "type": "svg_programs"}],
+                         "stages": [{"stage": "render", "kinds": ["svg", "pdf"]}, {"stage": "tokenize"}]})
     with pytest.raises(KeyError, match="known kinds: html, svg"):
         make_renderer("mesh")

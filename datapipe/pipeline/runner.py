@@ -29,6 +29,7 @@ from datapipe.packing.corpus import Corpus, SpillWriter
 from datapipe.packing.curriculum import CurriculumPhase, Usage, pack_phase, phase_stats
 from datapipe.packing.writer import ShardWriter, write_run_manifest
 from datapipe.pipeline import registry
+from datapipe.pipeline.check import check_recipe
 from datapipe.pipeline.inputs import read_work_item, work_items
 from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError, SourceConfig
 from datapipe.pipeline.report import make_progress, update_progress
@@ -43,11 +44,15 @@ SPILL = "spill"  # out/<run>/spill/: the live tokenized documents, written once,
 
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | None = None,
                console: Console | None = None) -> dict[str, Any]:
-    """Run the whole recipe; return the stats also written to <out>/stats.json."""
+    """Run the whole recipe; return the stats also written to <out>/stats.json.
+
+    Every check comes before the previous output is cleared, and those that need no cluster before Ray starts."""
     console = console or Console(stderr=True)
-    out = prepare_out_dir(Path(out_dir or Path("out") / recipe.name), recipe)
+    check_recipe(recipe)
+    out = check_out_dir(Path(out_dir or Path("out") / recipe.name))
     connect(recipe.ray, ray_address)
     check_actor_cpus(recipe)
+    prepare_out_dir(out, recipe)
     stats = RunStats(recipe.name)  # before the plan: a global stage (dedup) does work while planning
     dataset = build_plan(recipe)
     ids = special_ids(recipe)
@@ -117,10 +122,15 @@ def reject_unused(corpus: Corpus, usage: Usage, stats: RunStats, rejects) -> Non
     stats.stage_passed["pack"] = int((usage.uses > 0).sum())
 
 
-def prepare_out_dir(out: Path, recipe: Recipe) -> Path:
-    """Refuse a non-empty folder that datapipe did not write; clear our own previous run."""
+def check_out_dir(out: Path) -> Path:
+    """Refuse a non-empty folder that datapipe did not write (our own previous run is cleared later)."""
     if out.exists() and any(out.iterdir()) and not (out / "stats.json").exists() and not (out / "recipe.json").exists():
         raise RecipeError(f"{out} is not empty and was not written by datapipe; pass a new or empty --out")
+    return out
+
+
+def prepare_out_dir(out: Path, recipe: Recipe) -> None:
+    """Clear our own previous run's phases, rejects, spill and stats; write recipe.json."""
     stale = [manifest.parent for manifest in out.glob(f"*/{MANIFEST}")]
     for folder in [*stale, *(out / phase.name for phase in recipe.phases), out / "rejects", out / SPILL]:
         shutil.rmtree(folder, ignore_errors=True)
@@ -128,7 +138,6 @@ def prepare_out_dir(out: Path, recipe: Recipe) -> Path:
     (out / RUN_MANIFEST).unlink(missing_ok=True)  # written last; its absence marks an unfinished run
     (out / "rejects").mkdir(parents=True)
     (out / "recipe.json").write_text(recipe.model_dump_json(indent=2))
-    return out
 
 
 def connect(cfg: RayConfig, address: str | None) -> None:
