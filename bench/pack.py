@@ -5,7 +5,7 @@ Two length mixes, as K3's curriculum sees them:
   cooldown  200K documents, lognormal around 64K tokens (sigma 1.0), long-heavy, up to 1M;
 each packed into 8K, 64K, 256K and 1M sequences by:
   ours          datapipe.packing.bfd: split only documents longer than seq_len, then best-fit decreasing
-                over the whole stage (numba, 64-ary bit tree over remaining room), pieces grouped per sequence;
+                over the whole phase (numba, 64-ary bit tree over remaining room), pieces grouped per sequence;
   first-fit     the same pieces in arrival order, each into the first open sequence with room (numba,
                 max segment tree over sequences: O(log n), far faster than the O(n * sequences) loops
                 that ship in some trainers, so the ratio is algorithmic, not Python against numba);
@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from datapipe.packing.bfd import plan_packing, split_pieces
+from datapipe.packing.bfd import pack_pieces, split_pieces
 
 REPEATS = 3
 SEQ_LENS = {"8k": 8192, "64k": 65536, "256k": 262144, "1m": 1048576}
@@ -46,8 +46,8 @@ def cooldown_lengths(rng: np.random.Generator, n: int = 200_000) -> np.ndarray:
 
 
 def pack_ours(lengths: np.ndarray, seq_len: int) -> dict:
-    plan = plan_packing(split_pieces(np.arange(len(lengths)), lengths, seq_len), seq_len)
-    return {"sequences": plan.num_sequences, "split": int((lengths > seq_len).sum())}
+    sequences = pack_pieces(split_pieces(np.arange(len(lengths)), lengths, seq_len), seq_len)
+    return {"sequences": sequences.num_sequences, "split": int((lengths > seq_len).sum())}
 
 
 def pack_first_fit(lengths: np.ndarray, seq_len: int) -> dict:

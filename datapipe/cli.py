@@ -1,4 +1,10 @@
-"""The `datapipe` command: run recipes, inspect their output, list recipes, train tokenizers."""
+"""The `datapipe` command: run recipes, inspect their output, list recipes, train tokenizers.
+
+Exit codes: 0 done; 1 the run finished but its accounting does not balance (records in +
+created != written + rejected); 2 the command could not start: a recipe that is invalid or
+cannot run here (RecipeError), a cluster that does not answer (RunError), a missing file;
+130 interrupted (Ctrl-C). Every message says what to do.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +12,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from datapipe.pipeline.recipe import RecipeError, RunError, load_recipe
 
@@ -18,10 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (RecipeError, RunError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]: finished shards are kept; unfinished ones are .tmp files")
+        console.print("[yellow]interrupted[/yellow]: finished shards are kept; unfinished ones are .tmp files. "
+                      "Run the same command again to start over: it clears this run's output first")
         return 130
 
 
@@ -33,13 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("recipe", help="a recipe YAML file, e.g. recipes/demo.yaml")
     run.add_argument("--out", type=Path, help="output folder (default: out/<recipe name>)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a recipe field, e.g. --set curriculum.main.seq_len=4096 (repeatable)")
+                     help="override a recipe field, e.g. --set phases.main.seq_len=4096 (repeatable)")
     run.add_argument("--ray-address", help="join this Ray cluster (default: RAY_ADDRESS, else local Ray)")
     run.set_defaults(handler=cmd_run)
 
     inspect = commands.add_parser("inspect", help="summarize a run's output folder")
     inspect.add_argument("out_dir", type=Path)
-    inspect.add_argument("--samples", type=int, default=2, help="decoded samples to show per stage")
+    inspect.add_argument("--samples", type=int, default=2, help="decoded samples to show per phase")
     inspect.set_defaults(handler=cmd_inspect)
 
     recipes = commands.add_parser("recipes", help="list recipes, one line each")
@@ -68,7 +76,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = args.out or Path("out") / recipe.name
     stats = run_recipe(recipe, out, args.ray_address, console)
     console.print(summary_table(stats, f"{recipe.name} -> {out}"))
-    return 0 if stats["balanced"] else 1
+    if not stats["balanced"]:
+        console.print(f"[red]error:[/red] the accounting does not balance (records in + created != written + "
+                      f"rejected): a stage lost or duplicated records. {out / 'stats.json'} has the counts per "
+                      "stage; the shards are written but do not trust them until the stage is fixed", highlight=False)
+        return 1
+    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -79,13 +92,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
+    """One line a recipe: its description, or its first problem. Validation only: what a recipe needs
+    from this machine (its files, its tokenizer) is checked by `datapipe run`, where it matters."""
     folder = args.dir or (Path("recipes") if Path("recipes").is_dir() else REPO_RECIPES)
     for path in sorted(folder.glob("*.yaml")):
         try:
-            description = load_recipe(path).description or "(no description)"
+            description = escape(load_recipe(path).description or "(no description)")
         except RecipeError as err:
-            description = f"[red]invalid:[/red] {str(err).splitlines()[-1].strip()}"
-        console.print(f"[bold]{path}[/bold]  {description}", highlight=False)
+            more = f" (+{len(err.problems) - 1} more)" if len(err.problems) > 1 else ""
+            description = f"[red]invalid:[/red] {escape(err.problems[0].removeprefix(f'{path}: '))}{more}"
+        console.print(f"[bold]{escape(str(path))}[/bold]  {description}", highlight=False)
     return 0
 
 
@@ -117,7 +133,7 @@ def cmd_tokenizer_export(args: argparse.Namespace) -> int:
 
 def iter_training_texts(inputs: list[str]):
     from datapipe.pipeline.inputs import iter_recipe_documents
-    from datapipe.pipeline.recipe import SourceConfig
+    from datapipe.pipeline.recipe import TabularSource
     from datapipe.readers.tabular import read_jsonl
     from datapipe.schema import MEDIA_PLACEHOLDER
 
@@ -125,7 +141,7 @@ def iter_training_texts(inputs: list[str]):
         if name.endswith((".yaml", ".yml")):
             docs = iter_recipe_documents(load_recipe(name))
         elif ".jsonl" in name:
-            docs = read_jsonl(SourceConfig(name="train", type="jsonl"), name)
+            docs = read_jsonl(TabularSource(name="train", type="jsonl", paths=[name]), name)
         else:
             yield Path(name).read_text(encoding="utf-8", errors="replace")
             continue

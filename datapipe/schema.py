@@ -41,7 +41,7 @@ class TokenizedDocument(Document):
 class PackedSample(TypedDict):
     """One training sequence, as written to a shard and yielded by `datapipe.stream`."""
 
-    key: str  # "<stage>-<index>", unique within a run
+    key: str  # "<phase>-<index>", unique within a run
     tokens: Any  # uint32 array of exactly seq_len ids, padding explicit at the end
     doc_lens: Any  # int32 array: lengths of the document pieces in order; they sum to seq_len - num_pad
     doc_ids: list[str]  # the Document.id of each piece (pieces of one split doc repeat the id)
@@ -51,7 +51,7 @@ class PackedSample(TypedDict):
     loss_mask: Any  # uint8 [seq_len]: 1 where the next-token loss applies; 0 on padding and inside media spans
     media_spans: list[list[int]]  # [start, stop) of each media span in tokens, in order; a span is never split
     images: list[bytes]  # the encoded image (PNG) of each media span, same order; shards store them as <key>.<i>.png
-    seq_len: int  # the curriculum stage's sequence length
+    seq_len: int  # the curriculum phase's sequence length
     num_pad: int  # how many trailing tokens are padding
 
 

@@ -42,7 +42,7 @@ def grayscale(png: bytes) -> np.ndarray:
         small = image.reduce(max(1, max(image.size) // THUMB_SIDE))
         rgba = np.asarray(small.convert("RGBA"), dtype=np.int32)
     luma = (299 * rgba[..., 0] + 587 * rgba[..., 1] + 114 * rgba[..., 2]) // 1000  # integers: the same
-    alpha = rgba[..., 3]  # bits on every machine, so the hash (and dedupe) is reproducible anywhere
+    alpha = rgba[..., 3]  # bits on every machine, so the hash (and dedup) is reproducible anywhere
     return ((luma * alpha + 255 * (255 - alpha)) // 255).astype(np.float32)
 
 

@@ -8,7 +8,7 @@ image (render.blank, render.low_detail). A kept document has doc["media"] = the 
 view) and meta["render"] = renderer, version, options, sizes, gate measures and a 64-bit
 dHash per image; its text stays the code (or becomes the stripped markup that was actually
 rendered). Documents of other kinds pass through untouched. Near-duplicates are the next
-stage's job (render_dedupe), which sees every render in order.
+stage's job (render_dedup), which sees every render in order.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from datapipe.schema import Document
 from datapipe.stage import StageConfig
@@ -31,11 +31,16 @@ class Config(StageConfig, RenderOptions, GateConfig):
     kinds: list[str] = Field(default_factory=lambda: list(RENDERERS))  # kinds to render; others pass through
     batch_size: int = Field(8, ge=1)  # renders take 5 ms (icon) to 1 s (page): small batches balance actors
 
+    @field_validator("kinds")
+    @classmethod
+    def _renderable(cls, kinds: list[str]) -> list[str]:
+        unknown = [kind for kind in kinds if kind not in RENDERERS]
+        if unknown:
+            raise ValueError(f"no renderer for {', '.join(map(repr, unknown))}; known kinds: {', '.join(sorted(RENDERERS))}")
+        return kinds
+
 
 def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
-    unknown = sorted(set(cfg.kinds) - set(RENDERERS))
-    if unknown:
-        raise ValueError(f"render.kinds: no renderer for {unknown}; known kinds: {', '.join(sorted(RENDERERS))}")
     options = RenderOptions(**cfg.model_dump(include=set(RenderOptions.model_fields)))
     gates = GateConfig(**cfg.model_dump(include=set(GateConfig.model_fields)))
     renderers: dict[str, object] = {}  # kind -> warm renderer, made on first use

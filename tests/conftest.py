@@ -43,7 +43,7 @@ def write_jsonl(path: Path, rows: list, raw_lines: list[bytes] = ()) -> Path:
 
 
 def tiny_recipe(tmp_path: Path, tokenizer: Path, sources: list[dict], **extra) -> Path:
-    """A recipe file in tmp_path: normalize + tokenize, one 64-token curriculum stage."""
+    """A recipe file in tmp_path: normalize + tokenize, one 64-token curriculum phase."""
     import yaml
 
     recipe = {
@@ -51,7 +51,7 @@ def tiny_recipe(tmp_path: Path, tokenizer: Path, sources: list[dict], **extra) -
         "description": "test recipe",
         "sources": sources,
         "stages": [{"stage": "normalize"}, {"stage": "tokenize", "tokenizer": str(tokenizer)}],
-        "curriculum": [{"name": "main", "seq_len": 64}],
+        "phases": [{"name": "main", "seq_len": 64}],
         "shards": {"samples_per_shard": 8},
         "ray": {"object_store_mb": 256},
         **extra,

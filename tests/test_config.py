@@ -41,7 +41,7 @@ def test_valid_recipe_gets_typed_stage_configs(tmp_path):
     recipe = load_recipe(write(tmp_path, base()))
     assert [s.stage for s in recipe.stages] == ["normalize", "tokenize"]
     assert recipe.stages[0].form == "NFC"
-    assert [(c.name, c.seq_len) for c in recipe.curriculum] == [("main", 2048)]
+    assert [(c.name, c.seq_len) for c in recipe.phases] == [("main", 2048)]
     assert recipe.base_dir == tmp_path.resolve()
 
 
@@ -51,8 +51,8 @@ def test_unknown_top_level_key_names_it_and_lists_allowed(tmp_path):
 
 
 def test_unknown_nested_key_names_the_path(tmp_path):
-    message = error_of(tmp_path, {**base(), "curriculum": [{"seqlen": 10}]})
-    assert "curriculum[0].seqlen: unknown key" in message and "seq_len" in message
+    message = error_of(tmp_path, {**base(), "phases": [{"seqlen": 10}]})
+    assert "phases[0].seqlen: unknown key" in message and "seq_len" in message
 
 
 def test_unknown_stage_key_names_the_stage_index(tmp_path):
@@ -63,8 +63,8 @@ def test_unknown_stage_key_names_the_stage_index(tmp_path):
 
 
 def test_wrong_type_names_key_and_value(tmp_path):
-    message = error_of(tmp_path, {**base(), "curriculum": [{"seq_len": "long"}]})
-    assert "curriculum[0].seq_len" in message and "'long'" in message
+    message = error_of(tmp_path, {**base(), "phases": [{"seq_len": "long"}]})
+    assert "phases[0].seq_len" in message and "'long'" in message
 
 
 def test_bad_literal_lists_allowed_values(tmp_path):
@@ -107,20 +107,20 @@ def test_recipe_without_tokenize_is_rejected(tmp_path):
 
 
 def test_set_overrides_fields_and_stages_by_name(tmp_path):
-    path = write(tmp_path, {**base(), "curriculum": [{"name": "s8k", "seq_len": 8192}]})
-    recipe = load_recipe(path, ["curriculum.s8k.seq_len=4096", "stages.normalize.form=NFKC", "sources.0.count=7"])
-    assert recipe.curriculum[0].seq_len == 4096
+    path = write(tmp_path, {**base(), "phases": [{"name": "s8k", "seq_len": 8192}]})
+    recipe = load_recipe(path, ["phases.s8k.seq_len=4096", "stages.normalize.form=NFKC", "sources.0.count=7"])
+    assert recipe.phases[0].seq_len == 4096
     assert recipe.stages[0].form == "NFKC"
     assert recipe.sources[0].count == 7
 
 
 def test_set_override_is_validated_too(tmp_path):
-    message = error_of(tmp_path, {**base(), "curriculum": [{"seq_len": 8192}]}, ["curriculum.0.seq_len=tiny"])
-    assert "curriculum[0].seq_len" in message
+    message = error_of(tmp_path, {**base(), "phases": [{"seq_len": 8192}]}, ["phases.0.seq_len=tiny"])
+    assert "phases[0].seq_len" in message
 
 
 def test_set_override_bad_syntax_and_bad_item(tmp_path):
-    assert "KEY=VALUE" in error_of(tmp_path, base(), ["curriculum.0.seq_len"])
+    assert "KEY=VALUE" in error_of(tmp_path, base(), ["phases.0.seq_len"])
     assert "no list item 'dedup'" in error_of(tmp_path, base(), ["stages.dedup.x=1"])
 
 
@@ -138,4 +138,80 @@ def test_the_set_example_in_run_help_works_on_the_demo_recipe(capsys):
         cli.main(["run", "--help"])
     key, value = re.search(r"e\.g\.\s+--set\s+(\S+)=(\S+)", capsys.readouterr().out).groups()
     recipe = load_recipe(REPO / "recipes" / "demo.yaml", [f"{key}={value}"])
-    assert recipe.curriculum[0].seq_len == int(value) and key == "curriculum.main.seq_len"
+    assert recipe.phases[0].seq_len == int(value) and key == "phases.main.seq_len"
+
+
+def test_old_names_are_refused_with_the_new_one(tmp_path):
+    message = error_of(tmp_path, {**base(), "curriculum": [{"name": "main", "seq_len": 4096}]})
+    assert "curriculum: renamed to `phases:`" in message
+    assert "renamed to `phases:`" in error_of(tmp_path, base(), ["curriculum.main.seq_len=4096"])
+    recipe = base()
+    recipe["stages"].insert(0, {"stage": "render_dedupe"})
+    assert "stages[0].stage: render_dedupe is now render_dedup" in error_of(tmp_path, recipe)
+
+
+def test_set_reaches_a_phase_by_name(tmp_path):
+    recipe = load_recipe(write(tmp_path, base()), ["phases.main.seq_len=4096", "phases.main.tokens=1M"])
+    assert [(p.name, p.seq_len, p.tokens) for p in recipe.phases] == [("main", 4096, 1_000_000)]
+
+
+def test_each_source_type_takes_its_own_keys(tmp_path):
+    recipe = base()
+    recipe["sources"] = [{"name": "web", "type": "jsonl", "paths": ["a.jsonl"], "count": 5},
+                         {"name": "docs", "type": "pydoc_topics", "paths": ["x"]},
+                         {"name": "crawl", "type": "warc", "paths": ["x.warc"], "text_field": "body"},
+                         {"name": "notes", "type": "parquet"}]
+    message = error_of(tmp_path, recipe)
+    assert "sources[0].count: a jsonl source has no `count` (count is for html_pages, pydoc_topics" in message
+    assert "allowed: name, type, limit, paths, text_field, id_field, kind" in message
+    assert "sources[1].paths: a pydoc_topics source has no `paths` (paths is for files, hf_disk" in message
+    assert "sources[2].text_field: a warc source has no `text_field`" in message
+    assert "sources[3].paths: required key is missing" in message
+
+
+def test_source_kind_is_one_of_the_schema_kinds(tmp_path):
+    recipe = base()
+    recipe["sources"] = [{"name": "web", "type": "jsonl", "paths": ["a.jsonl"], "kind": "pdf"}]
+    assert "sources[0].kind: unknown kind 'pdf'; allowed: text, code, svg, html" in error_of(tmp_path, recipe)
+    recipe["sources"][0]["kind"] = "code"
+    assert load_recipe(write(tmp_path, recipe)).sources[0].kind == "code"
+
+
+def test_every_registered_source_type_has_exactly_one_config():
+    from datapipe.pipeline import registry
+    from datapipe.pipeline.recipe import SOURCE_TYPES, type_tags
+
+    tags = [tag for model in SOURCE_TYPES for tag in type_tags(model)]
+    assert sorted(tags) == sorted(registry.SOURCES)
+
+
+def test_concurrency_on_a_stage_that_runs_as_tasks_is_refused(tmp_path):
+    recipe = base()
+    recipe["stages"][0]["concurrency"] = 4
+    message = error_of(tmp_path, recipe)
+    assert "stages[0].concurrency: normalize runs as Ray tasks, not an actor pool; drop concurrency" in message
+    assert "render, render_dedup, rephrase, tokenize" in message
+    recipe["stages"][0].pop("concurrency")
+    recipe["stages"][1]["concurrency"] = 2  # tokenize is an actor pool: its size is concurrency
+    assert load_recipe(write(tmp_path, recipe)).stages[1].concurrency == 2
+
+
+def test_every_problem_is_reported_at_once_in_recipe_order(tmp_path):
+    recipe = base()
+    recipe["sources"][0]["count"] = 0
+    recipe["stages"] = [{"stage": "normalize", "concurrency": 2}, {"stage": "tokenize", "fast": "maybe"}]
+    recipe["phases"] = [{"name": "main", "mixture": {"web": 1}}]
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write(tmp_path, recipe))
+    keys = [problem.split(":", 1)[0] for problem in info.value.problems]
+    assert keys == ["sources[0].count", "stages[0].concurrency", "stages[1].fast", "phases[0].mixture"]
+
+
+def test_recipes_command_shows_an_invalid_recipes_first_problem(tmp_path, capsys):
+    recipe = base()
+    recipe["sources"][0]["paths"] = ["x"]
+    recipe["shards"] = {"samples_per_shard": 0}
+    write(tmp_path, recipe)
+    assert cli.main(["recipes", "--dir", str(tmp_path)]) == 0
+    shown = " ".join(capsys.readouterr().err.split())
+    assert "invalid: sources[0].paths: a pydoc_topics source has no `paths`" in shown and "(+1 more)" in shown

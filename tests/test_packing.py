@@ -13,11 +13,11 @@ from datapipe.packing.bfd import (
     best_fit_decreasing,
     media_safe_cuts,
     media_safe_prefix,
-    plan_packing,
+    pack_pieces,
     split_pieces,
 )
 from datapipe.packing.corpus import SpillWriter, corpus_from_documents, open_spill
-from datapipe.packing.curriculum import CurriculumStage, pack_stage
+from datapipe.packing.curriculum import CurriculumPhase, pack_phase
 from datapipe.packing.writer import ShardWriter
 from datapipe.schema import new_document
 from tokenizer.bpe import special_token_ids
@@ -62,9 +62,9 @@ def make_corpus(seed: int, n: int, **kwargs):
     return corpus_from_documents(make_docs(seed, n, **kwargs), IDS)
 
 
-def pack(docs, seq_len=SEQ_LEN, seed=0, **stage):
+def pack(docs, seq_len=SEQ_LEN, seed=0, **phase):
     corpus = corpus_from_documents(docs, IDS)
-    selection, _, samples = pack_stage(CurriculumStage(seq_len=seq_len, **stage), corpus, seed, IDS)
+    selection, _, samples = pack_phase(CurriculumPhase(seq_len=seq_len, **phase), corpus, seed, IDS)
     return list(samples), selection, corpus
 
 
@@ -205,7 +205,7 @@ def test_best_fit_rejects_pieces_longer_than_the_sequence():
 
 def test_windows_pack_each_window_alone():
     pieces = split_pieces(np.arange(1000), np.full(1000, 30), 100)
-    whole, windowed = plan_packing(pieces, 100), plan_packing(pieces, 100, window=7)
+    whole, windowed = pack_pieces(pieces, 100), pack_pieces(pieces, 100, window=7)
     assert whole.num_sequences == 334  # three 30s per sequence, one left over
     assert windowed.num_sequences == 142 * 3 + 2  # 142 windows of seven (3 sequences each), one of six (2)
 
@@ -238,7 +238,7 @@ def test_spilled_corpus_packs_like_the_in_memory_one_and_round_trips_through_sha
     spilled = spill.finish()
     assert isinstance(spilled.tokens, np.memmap)
     reopened = open_spill(tmp_path / "spill")
-    samples = list(pack_stage(CurriculumStage(seq_len=SEQ_LEN), reopened, 0, IDS)[2])
+    samples = list(pack_phase(CurriculumPhase(seq_len=SEQ_LEN), reopened, 0, IDS)[2])
     in_memory = pack(docs)[0]
     assert [s["doc_ids"] for s in samples] == [s["doc_ids"] for s in in_memory]
     with ShardWriter(tmp_path / "main", 16, {"stage": "main", "seq_len": SEQ_LEN}) as writer:

@@ -25,7 +25,7 @@ HOSTILE = {
     "leak.svg": (f'<svg {SVG}><image href="file:///etc/hostname" width="9" height="9"/></svg>', "render.external_reference"),
     "empty.svg": (f'<svg {SVG} width="64" height="64"></svg>', "render.blank"),
     "broken.svg": ("<svg><g></svg>", "render.invalid"),
-    "twin.svg": (GOOD[0].replace('fill="#c00"', 'fill="#c00" '), "render_dedupe.duplicate"),
+    "twin.svg": (GOOD[0].replace('fill="#c00"', 'fill="#c00" '), "render_dedup.duplicate"),
 }
 PAGE = '<html><head><link rel="stylesheet" href="css/site.css"></head><body><h1>Hello</h1><p>pairs</p></body></html>'
 
@@ -46,10 +46,10 @@ def rendered_run(tmp_path_factory, tiny_tokenizer, ray_session):
         "sources": [{"name": "site", "type": "files", "paths": ["site/*.svg", "site/*.html"]},
                     {"name": "gen", "type": "svg_programs", "count": 6}],
         "stages": [{"stage": "render", "size": 128, "viewports": [[320, 240]], "num_cpus": 0.25, "timeout_s": 30},
-                   {"stage": "render_dedupe"},
+                   {"stage": "render_dedup"},
                    {"stage": "code_image_samples", "image_to_code": 0.5},
                    {"stage": "tokenize", "tokenizer": str(tiny_tokenizer), "num_cpus": 0.5}],
-        "curriculum": [{"name": "main", "seq_len": 1024}],
+        "phases": [{"name": "main", "seq_len": 1024}],
         "shards": {"samples_per_shard": 16},
     }
     (tmp / "render.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
@@ -119,7 +119,7 @@ def test_written_documents_carry_images_placeholders_and_provenance(rendered_run
     """Shards hold only tokens: run the recipe's plan again and look at the documents themselves."""
     out, _ = rendered_run
     recipe = json.loads((out / "recipe.json").read_text())
-    assert [s["stage"] for s in recipe["stages"]] == ["render", "render_dedupe", "code_image_samples", "tokenize"]
+    assert [s["stage"] for s in recipe["stages"]] == ["render", "render_dedup", "code_image_samples", "tokenize"]
     from datapipe.pipeline.recipe import load_recipe
     from datapipe.pipeline.runner import build_plan
     from datapipe.schema import docs_from_table
@@ -134,7 +134,7 @@ def test_written_documents_carry_images_placeholders_and_provenance(rendered_run
     for doc in written:
         assert doc["text"].count(MEDIA_PLACEHOLDER) == len(doc["media"]) == 1
         assert doc["media"][0].startswith(b"\x89PNG")
-        assert doc["meta"]["transforms"] == ["render", "render_dedupe", "code_image_samples", "tokenize"]
+        assert doc["meta"]["transforms"] == ["render", "render_dedup", "code_image_samples", "tokenize"]
         assert len(doc["meta"]["render"]["dhash"][0]) == 64
 
 

@@ -1,4 +1,4 @@
-"""The pieces around the renderers: gates, perceptual-hash dedupe, training samples, the files
+"""The pieces around the renderers: gates, perceptual-hash dedup, training samples, the files
 source and the procedural generators (no Ray here; test_render_e2e runs them together)."""
 import io
 import json
@@ -8,13 +8,13 @@ import re
 import pytest
 from PIL import Image, ImageDraw
 
-from datapipe.pipeline.recipe import RecipeError, SourceConfig, validate_recipe
+from datapipe.pipeline.recipe import FilesSource, RecipeError, validate_recipe
 from datapipe.readers.files import read_files
 from datapipe.schema import MEDIA_PLACEHOLDER, new_document
 from renderers.base import RenderOptions
-from renderers.dedupe import Config as DedupeConfig
-from renderers.dedupe import HashIndex
-from renderers.dedupe import make_stage as make_dedupe
+from renderers.dedup import Config as DedupConfig
+from renderers.dedup import HashIndex
+from renderers.dedup import make_stage as make_dedup
 from renderers.gates import GateConfig, check_image, dhash, grayscale, hamming
 from renderers.procedural_html import make_page
 from renderers.procedural_svg import make_svg
@@ -81,12 +81,12 @@ def rendered(doc_id: str, image: bytes, kind: str = "svg", code: str = "<svg/>")
     return doc
 
 
-def test_dedupe_keeps_the_first_copy_in_stream_order_whatever_the_batching():
+def test_dedup_keeps_the_first_copy_in_stream_order_whatever_the_batching():
     images = [png(shapes()), png(shapes(offset=1)), png(lambda c: c.ellipse([10, 10, 240, 240], fill=(0, 0, 0)))]
     docs = [rendered(str(i), images[i % 3]) for i in range(9)]
     outcomes = []
     for batch_size in (1, 4, 9):
-        stage = make_dedupe(DedupeConfig(stage="render_dedupe"))
+        stage = make_dedup(DedupConfig(stage="render_dedup"))
         fresh = [json.loads(json.dumps({**d, "media": []})) | {"media": d["media"]} for d in docs]
         out = [doc for start in range(0, 9, batch_size) for doc in stage(fresh[start : start + batch_size])]
         outcomes.append([(d["id"], d["reject"], d["meta"].get("duplicate_of")) for d in out])
@@ -96,10 +96,10 @@ def test_dedupe_keeps_the_first_copy_in_stream_order_whatever_the_batching():
     assert dict((i, o) for i, _, o in outcomes[0])["s/4"] == "s/0"
 
 
-def test_dedupe_refuses_more_than_one_actor():
+def test_dedup_refuses_more_than_one_actor():
     with pytest.raises(RecipeError, match="one actor"):
         validate_recipe({"name": "x", "sources": [{"name": "a", "type": "svg_programs"}],
-                         "stages": [{"stage": "render_dedupe", "concurrency": 2}, {"stage": "tokenize"}]})
+                         "stages": [{"stage": "render_dedup", "concurrency": 2}, {"stage": "tokenize"}]})
 
 
 def test_samples_place_one_placeholder_per_image_in_both_orders():
@@ -130,8 +130,8 @@ def test_samples_label_several_views_and_reject_what_cannot_be_a_sample():
     assert [d["reject"] for d in out] == ["code_image_samples.no_images", "code_image_samples.placeholder_in_code", ""]
 
 
-def files_source(**fields) -> SourceConfig:
-    return SourceConfig(name="files", type="files", **fields)
+def files_source(**fields) -> FilesSource:
+    return FilesSource(name="files", type="files", paths=["unused"], **fields)
 
 
 def test_files_source_reads_kinds_folders_and_encodings(tmp_path):
@@ -172,12 +172,11 @@ def test_generators_are_seeded_valid_and_varied():
     assert not any("<script" in p or "http" in p.replace("http://www.w3.org", "") for p in pages)
 
 
-def test_render_stage_names_the_known_kinds_for_an_unknown_one():
+def test_render_kinds_without_a_renderer_are_refused_when_the_recipe_loads():
     from renderers import make_renderer
-    from renderers.stage import Config as RenderConfig
-    from renderers.stage import make_stage as make_render
 
-    with pytest.raises(ValueError, match="known kinds: html, svg"):
-        make_render(RenderConfig(stage="render", kinds=["svg", "mesh"]))
+    with pytest.raises(RecipeError, match=r"stages\[0\]\.kinds: no renderer for 'pdf'; known kinds: html, svg"):
+        validate_recipe({"name": "x", "sources": [{"name": "a", "type": "svg_programs"}],
+                         "stages": [{"stage": "render", "kinds": ["svg", "pdf"]}, {"stage": "tokenize"}]})
     with pytest.raises(KeyError, match="known kinds: html, svg"):
         make_renderer("mesh")

@@ -96,7 +96,7 @@ def test_recipe_end_to_end_on_ray_accounts_for_every_record(tmp_path, tiny_token
                    {"stage": "rephrase", "styles": PLAIN_STYLES, "rewrites": 2, "max_new_tokens": 32, "max_chunks": 4,
                     "num_cpus": 0.5, "backend": {"threads": 1}, "fidelity": LOOSE_GATE},
                    {"stage": "tokenize", "tokenizer": str(tiny_tokenizer), "num_cpus": 0.5}],
-        "curriculum": [{"name": "main", "seq_len": 64}], "ray": {"object_store_mb": 256},
+        "phases": [{"name": "main", "seq_len": 64}], "ray": {"object_store_mb": 256},
     }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     assert cli.main(["run", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "out")]) == 0

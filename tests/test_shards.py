@@ -6,7 +6,7 @@ import pytest
 from datapipe.loader.reference import read_shards
 from datapipe.loader.shardindex import part_values
 from datapipe.loader.stream import stream
-from datapipe.packing.curriculum import CurriculumStage, pack_stage
+from datapipe.packing.curriculum import CurriculumPhase, pack_phase
 from datapipe.packing.writer import ShardWriter
 from datapipe.shardformat import read_manifest
 from tests.test_packing import IDS, make_corpus
@@ -15,8 +15,8 @@ from tests.test_packing import IDS, make_corpus
 def write_run(folder, n_docs=300, per_shard=7, stage="main", seq_len=128, seed=5, max_bytes=None, **docs):
     """A stage folder of packed random documents (some with images, unless media_every=0); returns
     the samples in write order."""
-    stage_config = CurriculumStage(name=stage, seq_len=seq_len)
-    samples = list(pack_stage(stage_config, make_corpus(seed, n_docs, **docs), 0, IDS)[2])
+    stage_config = CurriculumPhase(name=stage, seq_len=seq_len)
+    samples = list(pack_phase(stage_config, make_corpus(seed, n_docs, **docs), 0, IDS)[2])
     with ShardWriter(folder, per_shard, {"phase": stage, "seq_len": seq_len}, max_bytes) as writer:
         for sample in samples:
             writer.write(sample)

@@ -117,7 +117,7 @@ def test_cleaning_recipe_end_to_end_on_ray(tmp_path, tiny_tokenizer, ray_session
         "stages": [{"stage": "extract"}, {"stage": "normalize", "fix_mojibake": True}, {"stage": "langid", "languages": ["en"]},
                    {"stage": "quality"}, {"stage": "pii"}, {"stage": "dedup", "batch_size": 4},
                    {"stage": "tokenize", "tokenizer": str(tiny_tokenizer)}],
-        "curriculum": [{"name": "main", "seq_len": 64}], "ray": {"object_store_mb": 256}}
+        "phases": [{"name": "main", "seq_len": 64}], "ray": {"object_store_mb": 256}}
     (tmp_path / "clean.yaml").write_text(yaml.safe_dump(recipe))
     assert cli.main(["run", str(tmp_path / "clean.yaml"), "--out", str(tmp_path / "out")]) == 0
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())

@@ -52,7 +52,7 @@ class Pieces:
 
 
 @dataclass
-class PackPlan:
+class Sequences:
     """Which pieces make each sequence: sequence b holds pieces order[offsets[b]:offsets[b+1]]."""
 
     pieces: Pieces
@@ -132,7 +132,7 @@ def cut_outside_spans(cut: int, spans: np.ndarray | None) -> int:
     return int(spans[inside, 0][0]) if inside.any() else cut
 
 
-def plan_packing(pieces: Pieces, seq_len: int, window: int | None = None) -> PackPlan:
+def pack_pieces(pieces: Pieces, seq_len: int, window: int | None = None) -> Sequences:
     """BFD over windows of `window` pieces (None: all at once); sequences numbered window by window.
 
     A piece of exactly seq_len fills a sequence alone, as BFD would place it; such pieces skip the
@@ -153,17 +153,18 @@ def plan_packing(pieces: Pieces, seq_len: int, window: int | None = None) -> Pac
         bins[chunk] = window_bins + base
         base += count
     order, offsets = group_by_bin(bins, base)  # within a sequence, pieces keep their input order
-    return PackPlan(pieces, order, offsets)
+    return Sequences(pieces, order, offsets)
 
 
-def make_sample(key: str, corpus: Corpus, plan: PackPlan, b: int, seq_len: int, ids: SpecialIds) -> PackedSample:
-    """Sequence b of the plan as a PackedSample, with its images and loss mask."""
+def make_sample(key: str, corpus: Corpus, sequences: Sequences, b: int, seq_len: int, ids: SpecialIds) -> PackedSample:
+    """Sequence b as a PackedSample, with its images and loss mask."""
     from tokenizer.media import loss_mask
 
     tokens = np.full(seq_len, ids.pad, dtype=np.uint32)
     doc_lens, doc_ids, doc_offsets, spans, images, pos = [], [], [], [], [], 0
-    for i in plan.sequence(b).tolist():
-        doc, start, length = int(plan.pieces.doc[i]), int(plan.pieces.start[i]), int(plan.pieces.length[i])
+    pieces = sequences.pieces
+    for i in sequences.sequence(b).tolist():
+        doc, start, length = int(pieces.doc[i]), int(pieces.start[i]), int(pieces.length[i])
         tokens[pos : pos + length] = corpus.document_tokens(doc)[start : start + length]
         for k, (a, z) in enumerate(corpus.spans.get(doc, ())):
             if start <= a and z <= start + length:

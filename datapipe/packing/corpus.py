@@ -1,12 +1,12 @@
 """The corpus between the Ray plan and the curriculum: live tokenized documents, spilled once.
 
-Packing is global per curriculum stage, so the driver first writes every live
+Packing is global per curriculum phase, so the driver first writes every live
 document's tokens once to out/<run>/spill/: `tokens.u32` (all ids end to end),
 `media.bin` (all images end to end) and `docs.arrow` (a row per document: id, source,
 length, media spans, image offsets, and for reject lines and the run's stats, the head of
 its text, its language and its text's size). Each
-stage then selects by length and source from the index and copies tokens out of a
-memory map, so the plan runs once however many stages reuse a document, and a corpus
+phase then selects by length and source from the index and copies tokens out of a
+memory map, so the Ray plan runs once however many phases reuse a document, and a corpus
 larger than RAM packs with memory for its index only (~60 bytes a document).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 from datapipe.packing.bfd import SpecialIds
 from datapipe.schema import Document
 
-TEXT_HEAD = 200  # characters of text kept per document, for the rejects file of documents no stage used
+TEXT_HEAD = 200  # characters of text kept per document, for the rejects file of documents no phase used
 NO_SPANS = np.zeros((0, 2), dtype=np.int64)
 DESCRIBED = ["id", "source", "source_id", "kind", "text_head", "language", "text_chars", "text_bytes"]
 
@@ -55,7 +55,7 @@ class Corpus:
 
     def describe(self, rows: list[int]) -> list[dict[str, Any]]:
         """What a reject line and the run's stats need of each of these documents (ones no curriculum
-        stage used): one take for all of them, 3 us a row, where a slice per row cost 33."""
+        phase used): one take for all of them, 3 us a row, where a slice per row cost 33."""
         fields = self.index.select(DESCRIBED).take(rows).to_pylist()
         for record in fields:
             record["text"] = record.pop("text_head")

@@ -1,20 +1,20 @@
-"""The context-length curriculum: which documents each stage packs, and how many tokens.
+"""The context-length curriculum: which documents each phase packs, and how many tokens.
 
-A recipe's `curriculum:` lists stages in training order (K3: 8K..64K in pre-training,
-256K..1M in cooldown). Each stage draws from the whole spilled corpus independently:
+A recipe's `phases:` lists them in training order (K3: 8K..64K in pre-training,
+256K..1M in cooldown). Each phase draws from the whole spilled corpus independently:
   1. policy: a document longer than seq_len is split (default), truncated to seq_len,
      or dropped; one whose media span alone exceeds seq_len cannot be placed whole and
-     is left out of the stage;
+     is left out of the phase;
   2. upsampling: documents of at least `upsample_long.min_tokens` appear `factor` times
-     (fractional factors by a seeded coin), so long stages see more long documents;
-  3. mixture and budget: each source gets weight/sum(weights) of the stage budget
+     (fractional factors by a seeded coin), so long phases see more long documents;
+  3. mixture and budget: each source gets weight/sum(weights) of the phase budget
      (`tokens`, or `fraction` of the corpus tokens, or all there is). The mixture is
-     exact: when a source cannot supply its share, the stage shrinks to what that
+     exact: when a source cannot supply its share, the phase shrinks to what that
      source allows (`limited_by` in the stats) rather than drift from the weights;
   4. within a source, copies are taken in a seeded random order until its target.
-A document may appear in several stages (and several times in one when upsampled);
-the run's accounting counts it once: written if any stage used it, else rejected
-with the reason of the stage that came closest to using it (Usage).
+A document may appear in several phases (and several times in one when upsampled);
+the run's accounting counts it once: written if any phase used it, else rejected
+with the reason of the phase that came closest to using it (Usage).
 """
 from __future__ import annotations
 
@@ -28,16 +28,16 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from datapipe.packing.bfd import PackPlan, SpecialIds, make_sample, media_safe_prefix, plan_packing, split_pieces
+from datapipe.packing.bfd import Sequences, SpecialIds, make_sample, media_safe_prefix, pack_pieces, split_pieces
 from datapipe.packing.corpus import Corpus
 from datapipe.schema import PackedSample
 
-# A stage's outcome per document, from used to farthest from use. When no stage used a document, its
-# reject reason is the outcome of the stage that came closest: "over budget" says more budget would use it.
+# A phase's outcome per document, from used to farthest from use. When no phase used a document, its
+# reject reason is the outcome of the phase that came closest: "over budget" says more budget would use it.
 USED, OVER_BUDGET, TOO_LONG, MEDIA_TOO_LONG, NOT_IN_MIXTURE = range(5)
 MISS_REASONS = {OVER_BUDGET: "pack.over_budget", NOT_IN_MIXTURE: "pack.not_in_mixture",
                 MEDIA_TOO_LONG: "pack.media_span_too_long", TOO_LONG: "pack.too_long"}
-RESERVED_NAMES = {"spill", "rejects"}  # folders of out/<run>/ that are not stages
+RESERVED_NAMES = {"spill", "rejects"}  # folders of out/<run>/ that are not phases
 SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}  # token budgets count like money: 20B = 2e10
 
 
@@ -45,11 +45,11 @@ class Upsample(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     min_tokens: int = Field(ge=1)  # documents at least this long are repeated...
-    factor: float = Field(ge=1.0)  # ...this many times in the stage; 2.5 = twice, a third copy for half of them
+    factor: float = Field(ge=1.0)  # ...this many times in the phase; 2.5 = twice, a third copy for half of them
 
 
-class CurriculumStage(BaseModel):
-    """One curriculum stage: its sequence length, budget, source mixture and long-document policy."""
+class CurriculumPhase(BaseModel):
+    """One curriculum phase: its sequence length, budget, source mixture and long-document policy."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -58,9 +58,9 @@ class CurriculumStage(BaseModel):
     tokens: int | None = Field(None, ge=1)  # token budget: 20000000000 or "20B"; None = all the mixture allows
     fraction: float | None = Field(None, gt=0, le=1)  # or the budget as a fraction of the corpus tokens
     mixture: dict[str, float] = {}  # weight per source name; {} = every source in its natural proportion
-    upsample_long: Upsample | None = None  # repeat long documents (long-context stages)
+    upsample_long: Upsample | None = None  # repeat long documents (long-context phases)
     long_docs: Literal["split", "truncate", "drop"] = "split"  # documents longer than seq_len
-    window: int | None = Field(None, ge=1)  # pieces per best-fit window; None = the whole stage (best fill)
+    window: int | None = Field(None, ge=1)  # pieces per best-fit window; None = the whole phase (best fill)
 
     @field_validator("tokens", mode="before")
     @classmethod
@@ -78,44 +78,44 @@ class CurriculumStage(BaseModel):
         return mixture
 
     @model_validator(mode="after")
-    def _one_budget(self) -> CurriculumStage:
+    def _one_budget(self) -> CurriculumPhase:
         if self.tokens is not None and self.fraction is not None:
-            raise ValueError("give `tokens` or `fraction` as the stage budget, not both")
+            raise ValueError("give `tokens` or `fraction` as the phase budget, not both")
         return self
 
 
-def curriculum_problems(stages: list[CurriculumStage], source_names: list[str]) -> list[str]:
-    """What is wrong between a curriculum and the recipe's sources (empty when nothing is)."""
-    problems, names = [], [stage.name for stage in stages]
+def phase_problems(phases: list[CurriculumPhase], source_names: list[str]) -> list[str]:
+    """What is wrong between the phases and the recipe's sources (empty when nothing is)."""
+    problems, names = [], [phase.name for phase in phases]
     for name in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"curriculum: stage name {name!r} is repeated; each stage needs its own name (and folder)")
+        problems.append(f"phases: phase name {name!r} is repeated; each phase needs its own name (and folder)")
     for name in sorted(set(names) & RESERVED_NAMES):
-        problems.append(f"curriculum: stage name {name!r} is a folder the run uses; pick another name")
-    for i, stage in enumerate(stages):
-        for source in sorted(set(stage.mixture) - set(source_names)):
-            problems.append(f"curriculum[{i}].mixture: unknown source {source!r}; sources: {', '.join(source_names)}")
+        problems.append(f"phases: phase name {name!r} is a folder the run uses; pick another name")
+    for i, phase in enumerate(phases):
+        for source in sorted(set(phase.mixture) - set(source_names)):
+            problems.append(f"phases[{i}].mixture: unknown source {source!r}; sources: {', '.join(source_names)}")
     return problems
 
 
 @dataclass
 class Selection:
-    """The document copies a stage packs, and why it left out the others."""
+    """The document copies a phase packs, and why it left out the others."""
 
     docs: np.ndarray  # corpus rows, one per copy, in packing order
     lengths: np.ndarray  # tokens each copy contributes (shorter than the document when truncated)
-    outcome: np.ndarray  # int8 per corpus row: USED or why this stage left it out
+    outcome: np.ndarray  # int8 per corpus row: USED or why this phase left it out
     weights: np.ndarray  # float per corpus source: its share of the budget
-    budget: float  # the stage's target tokens after the mixture's limits
+    budget: float  # the phase's target tokens after the mixture's limits
     limited_by: str  # "" or the source whose supply capped the budget ("corpus" for natural proportions)
 
 
-def select_stage(stage: CurriculumStage, corpus: Corpus, seed: int) -> Selection:
-    rng = stage_rng(seed, stage.name)
-    taken, outcome = policy_lengths(stage, corpus)
-    copies = upsample_copies(stage, corpus.lengths, rng) * (taken > 0)
+def select_phase(phase: CurriculumPhase, corpus: Corpus, seed: int) -> Selection:
+    rng = phase_rng(seed, phase.name)
+    taken, outcome = policy_lengths(phase, corpus)
+    copies = upsample_copies(phase, corpus.lengths, rng) * (taken > 0)
     supply = np.bincount(corpus.source, weights=taken * copies, minlength=len(corpus.source_names))
-    weights = mixture_weights(stage, corpus.source_names, supply)
-    budget, limited_by = stage_budget(stage, corpus, supply, weights)
+    weights = mixture_weights(phase, corpus.source_names, supply)
+    budget, limited_by = phase_budget(phase, corpus, supply, weights)
     picked = [pick_copies(np.flatnonzero((corpus.source == s) & (copies > 0)), taken, copies, budget * w, rng)
               for s, w in enumerate(weights) if w > 0]
     docs = rng.permutation(np.concatenate([np.zeros(0, np.int64), *picked]))
@@ -125,46 +125,46 @@ def select_stage(stage: CurriculumStage, corpus: Corpus, seed: int) -> Selection
     return Selection(docs, taken[docs], outcome, weights, budget, limited_by)
 
 
-def stage_rng(seed: int, name: str, stream: int = 0) -> np.random.Generator:
-    """A stage's own random stream: adding or reordering stages leaves the others' choices alone."""
+def phase_rng(seed: int, name: str, stream: int = 0) -> np.random.Generator:
+    """A phase's own random stream: adding or reordering phases leaves the others' choices alone."""
     return np.random.default_rng([seed, zlib.crc32(name.encode()), stream])
 
 
-def policy_lengths(stage: CurriculumStage, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
+def policy_lengths(phase: CurriculumPhase, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     """Tokens each document contributes under the long-document policy (0 = left out), and why."""
     taken, outcome = corpus.lengths.copy(), np.full(len(corpus.lengths), USED, dtype=np.int8)
-    long = corpus.lengths > stage.seq_len
-    if stage.long_docs == "drop":
+    long = corpus.lengths > phase.seq_len
+    if phase.long_docs == "drop":
         taken[long], outcome[long] = 0, TOO_LONG
-    elif stage.long_docs == "truncate":
-        taken[long] = stage.seq_len
+    elif phase.long_docs == "truncate":
+        taken[long] = phase.seq_len
     for row, spans in corpus.spans.items():
-        if int((spans[:, 1] - spans[:, 0]).max()) > stage.seq_len and outcome[row] == USED:
+        if int((spans[:, 1] - spans[:, 0]).max()) > phase.seq_len and outcome[row] == USED:
             taken[row], outcome[row] = 0, MEDIA_TOO_LONG
-        elif stage.long_docs == "truncate" and long[row]:
-            taken[row] = media_safe_prefix(int(corpus.lengths[row]), stage.seq_len, spans)
+        elif phase.long_docs == "truncate" and long[row]:
+            taken[row] = media_safe_prefix(int(corpus.lengths[row]), phase.seq_len, spans)
     return taken, outcome
 
 
-def upsample_copies(stage: CurriculumStage, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def upsample_copies(phase: CurriculumPhase, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     copies = np.ones(len(lengths), dtype=np.int64)
-    if stage.upsample_long is not None:
-        long = lengths >= stage.upsample_long.min_tokens
-        whole, part = divmod(stage.upsample_long.factor, 1.0)
+    if phase.upsample_long is not None:
+        long = lengths >= phase.upsample_long.min_tokens
+        whole, part = divmod(phase.upsample_long.factor, 1.0)
         copies[long] = int(whole) + (rng.random(int(long.sum())) < part)
     return copies
 
 
-def mixture_weights(stage: CurriculumStage, names: list[str], supply: np.ndarray) -> np.ndarray:
-    """Each source's share of the stage budget; the natural proportions when no mixture is given."""
-    weights = np.array([stage.mixture.get(name, 0.0) for name in names]) if stage.mixture else supply.astype(float)
+def mixture_weights(phase: CurriculumPhase, names: list[str], supply: np.ndarray) -> np.ndarray:
+    """Each source's share of the phase budget; the natural proportions when no mixture is given."""
+    weights = np.array([phase.mixture.get(name, 0.0) for name in names]) if phase.mixture else supply.astype(float)
     return weights / weights.sum() if weights.sum() > 0 else weights
 
 
-def stage_budget(stage: CurriculumStage, corpus: Corpus, supply: np.ndarray, weights: np.ndarray) -> tuple[float, str]:
-    """The stage's target tokens: what was asked, capped by the scarcest source at its weight."""
-    requested = requested_tokens(stage, corpus.total_tokens)
-    missing = [name for name, weight in stage.mixture.items() if weight > 0 and name not in corpus.source_names]
+def phase_budget(phase: CurriculumPhase, corpus: Corpus, supply: np.ndarray, weights: np.ndarray) -> tuple[float, str]:
+    """The phase's target tokens: what was asked, capped by the scarcest source at its weight."""
+    requested = requested_tokens(phase, corpus.total_tokens)
+    missing = [name for name, weight in phase.mixture.items() if weight > 0 and name not in corpus.source_names]
     if missing:
         return 0.0, missing[0]
     active = np.flatnonzero(weights > 0)
@@ -174,15 +174,15 @@ def stage_budget(stage: CurriculumStage, corpus: Corpus, supply: np.ndarray, wei
     scarcest = int(np.argmin(allowed))
     if allowed[scarcest] >= requested:
         return requested, ""
-    if not stage.mixture:  # natural proportions: every source runs out at once
+    if not phase.mixture:  # natural proportions: every source runs out at once
         return float(allowed[scarcest]), "corpus" if np.isfinite(requested) else ""
     return float(allowed[scarcest]), corpus.source_names[active[scarcest]]
 
 
-def requested_tokens(stage: CurriculumStage, corpus_tokens: int) -> float:
-    if stage.tokens is not None:
-        return float(stage.tokens)
-    return stage.fraction * corpus_tokens if stage.fraction is not None else np.inf
+def requested_tokens(phase: CurriculumPhase, corpus_tokens: int) -> float:
+    if phase.tokens is not None:
+        return float(phase.tokens)
+    return phase.fraction * corpus_tokens if phase.fraction is not None else np.inf
 
 
 def pick_copies(rows: np.ndarray, taken: np.ndarray, copies: np.ndarray, target: float,
@@ -197,20 +197,20 @@ def pick_copies(rows: np.ndarray, taken: np.ndarray, copies: np.ndarray, target:
     return rows[:count]
 
 
-def pack_stage(stage: CurriculumStage, corpus: Corpus, seed: int, ids: SpecialIds
-               ) -> tuple[Selection, PackPlan, Iterator[PackedSample]]:
-    """Select, split and plan a stage; the samples come lazily, in a seeded shuffled order."""
-    selection = select_stage(stage, corpus, seed)
-    pieces = split_pieces(selection.docs, selection.lengths, stage.seq_len, corpus.spans)
-    plan = plan_packing(pieces, stage.seq_len, stage.window)
-    order = stage_rng(seed, stage.name, stream=1).permutation(plan.num_sequences)
-    samples = (make_sample(f"{stage.name}-{index:09d}", corpus, plan, int(b), stage.seq_len, ids)
+def pack_phase(phase: CurriculumPhase, corpus: Corpus, seed: int, ids: SpecialIds
+               ) -> tuple[Selection, Sequences, Iterator[PackedSample]]:
+    """Select, split and pack a phase; the samples come lazily, in a seeded shuffled order."""
+    selection = select_phase(phase, corpus, seed)
+    pieces = split_pieces(selection.docs, selection.lengths, phase.seq_len, corpus.spans)
+    sequences = pack_pieces(pieces, phase.seq_len, phase.window)
+    order = phase_rng(seed, phase.name, stream=1).permutation(sequences.num_sequences)
+    samples = (make_sample(f"{phase.name}-{index:09d}", corpus, sequences, int(b), phase.seq_len, ids)
                for index, b in enumerate(order))
-    return selection, plan, samples
+    return selection, sequences, samples
 
 
 class Usage:
-    """Per corpus document, across stages: copies packed, and the closest a stage came to using it."""
+    """Per corpus document, across phases: copies packed, and the closest a phase came to using it."""
 
     def __init__(self, num_docs: int):
         self.uses = np.zeros(num_docs, dtype=np.int64)
@@ -221,27 +221,27 @@ class Usage:
         self.miss = np.minimum(self.miss, np.where(selection.outcome == USED, NOT_IN_MIXTURE, selection.outcome))
 
     def unused(self) -> Iterator[tuple[int, str]]:
-        """(row, reject reason) of every document that no stage packed."""
+        """(row, reject reason) of every document that no phase packed."""
         for row in np.flatnonzero(self.uses == 0).tolist():
             yield row, MISS_REASONS[int(self.miss[row])]
 
 
-def stage_stats(stage: CurriculumStage, corpus: Corpus, selection: Selection, plan: PackPlan,
+def phase_stats(phase: CurriculumPhase, corpus: Corpus, selection: Selection, sequences: Sequences,
                 manifest: dict[str, Any], started: float) -> dict[str, Any]:
-    """What a stage wrote, against what it was asked for (stats.json `packing.<stage>`)."""
-    capacity = manifest["samples"] * stage.seq_len
+    """What a phase wrote, against what it was asked for (stats.json `phases.<name>`)."""
+    capacity = manifest["samples"] * phase.seq_len
     cut = corpus.lengths[selection.docs] - selection.lengths
     unique_docs = len(np.unique(selection.docs))
     return {
-        "seq_len": stage.seq_len, "samples": manifest["samples"], "shards": len(manifest["shards"]),
+        "seq_len": phase.seq_len, "samples": manifest["samples"], "shards": len(manifest["shards"]),
         "tokens": manifest["tokens"], "fill": manifest["tokens"] / capacity if capacity else 0.0,
         "docs": unique_docs, "copies": len(selection.docs), "upsampled_copies": len(selection.docs) - unique_docs,
-        "pieces": len(plan.pieces.length), "split_docs": int((selection.lengths > stage.seq_len).sum()),
+        "pieces": len(sequences.pieces.length), "split_docs": int((selection.lengths > phase.seq_len).sum()),
         "truncated_docs": int((cut > 0).sum()), "truncated_tokens": int(cut.sum()),
         "dropped_too_long": int((selection.outcome == TOO_LONG).sum()),
         "left_out_media_span_too_long": int((selection.outcome == MEDIA_TOO_LONG).sum()),
-        "long_docs": stage.long_docs,
-        "budget": {"requested": stage.tokens or (f"{stage.fraction:g} of corpus" if stage.fraction else None),
+        "long_docs": phase.long_docs,
+        "budget": {"requested": phase.tokens or (f"{phase.fraction:g} of corpus" if phase.fraction else None),
                    "target": round(selection.budget), "limited_by": selection.limited_by},
         "sources": source_stats(corpus, selection),
         "wall_s": round(time.monotonic() - started, 2),

@@ -68,7 +68,7 @@ class ShardWriter:
 
     def padded_header(self, header: bytes, sample: PackedSample) -> bytes:
         """The json header with trailing spaces up to the blocks it and doc_lens share with the
-        stage's other samples (see the module docstring)."""
+        phase's other samples (see the module docstring)."""
         lens_blocks = blocks(self.index["members"]["doc_lens.npy"][2][-1])
         needed = lens_blocks + blocks(len(header))
         fixed = np.asarray(sample["tokens"]).nbytes + np.asarray(sample.get("loss_mask", [])).nbytes

@@ -17,13 +17,11 @@ def work_items(recipe: Any, source: Any) -> list[dict[str, Any]]:
     if source.type in registry.GENERATORS:
         return [{"path": "", "start": s, "stop": min(s + GENERATOR_CHUNK, source.count)}
                 for s in range(0, source.count, GENERATOR_CHUNK)]
-    if not source.paths:
-        raise RecipeError(f"sources.{source.name}.paths: a {source.type} source needs at least one path")
     files = [f for pattern in source.paths for f in expand_path(recipe.resolve(pattern))]
     # One missing file among others is a reject (read.missing_file); a source with none is a wrong path.
     if not any(Path(f).exists() for f in files):
-        raise RecipeError(f"sources.{source.name}.paths: {source.paths} matched no files "
-                          f"(relative paths start at {recipe.base_dir})")
+        raise RecipeError(f"sources.{source.name}.paths: {source.paths} matched no files; fix the paths "
+                          f"(relative ones start at the recipe's folder, {recipe.base_dir})")
     return [{"path": f, "start": 0, "stop": 0} for f in files]
 
 def expand_path(path: Path) -> list[str]:

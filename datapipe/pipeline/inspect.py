@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from datapipe.loader.stream import stream
-from datapipe.pipeline.report import summary_table
+from datapipe.pipeline.report import phase_figures, summary_table
 from datapipe.shardformat import MANIFEST, phase_name, read_manifest
 
 
@@ -22,7 +22,7 @@ def inspect_run(out_dir: Path, n_samples: int, console: Console) -> None:
     console.print(summary_table(stats, f"run {out_dir}"))
     decode = load_decoder(out_dir)
     for folder in sorted(p.parent for p in out_dir.glob(f"*/{MANIFEST}")):
-        console.print(stage_table(folder, stats.get("packing", {}).get(folder.name, {})))
+        console.print(phase_table(folder, phase_figures(stats).get(folder.name, {})))
         for sample in islice(stream(folder), n_samples):
             console.print(describe_sample(sample, decode), highlight=False)
     show_reject_examples(out_dir / "rejects" / "rejects.jsonl", console)
@@ -38,11 +38,11 @@ def describe_sample(sample: dict, decode) -> str:
             f"{escape(repr(text[:400]))}")  # decoded text is data: "[target_list]" is not rich markup
 
 
-def stage_table(folder: Path, packed: dict) -> Table:
-    """A stage's shards from its manifest, with the curriculum figures of stats.json beside them
+def phase_table(folder: Path, packed: dict) -> Table:
+    """A phase's shards from its manifest, with the curriculum figures of stats.json beside them
     (metric and value rows, like the run summary: nine columns do not fit 80 characters)."""
     manifest = read_manifest(folder)
-    table = Table(title=f"stage {phase_name(manifest, str(folder))} ({folder})")
+    table = Table(title=f"phase {phase_name(manifest, str(folder))} ({folder})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     capacity = manifest["samples"] * manifest.get("seq_len", 0)

@@ -1,25 +1,41 @@
 """Recipes: YAML files parsed once into typed, validated configs.
 
-Every model forbids unknown keys. A recipe that names an unknown stage or source
-type, misspells a key or gives a wrong type fails before any work starts, with the
-file, the key path and the allowed values (RecipeError). `--set a.b=v` overrides are
-applied to the raw YAML before validation, so they get the same checks.
+Every model forbids unknown keys, and a source's keys depend on its type (a union
+discriminated by `type`): a file source has `paths`, a generator a `count`, and neither takes
+the other's. A stage's options are its module's Config, and an option that does nothing for
+that stage (`concurrency` on a stage that runs as tasks) is refused, not ignored. A recipe
+that names an unknown stage or source type, misspells a key or gives a wrong type fails
+before any work starts with one RecipeError naming the file and every wrong key, each
+with its allowed values. `--set a.b=v` overrides are applied to the raw YAML before
+validation, so they get the same checks. What a recipe needs from this machine (its files,
+its tokenizer) is checked next, by datapipe.pipeline.check, still before Ray starts.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, Field, SerializeAsAny, TypeAdapter, ValidationError, field_validator
 
-from datapipe.packing.curriculum import CurriculumStage, curriculum_problems
+from datapipe.packing.curriculum import CurriculumPhase, phase_problems
 from datapipe.pipeline import registry
+from datapipe.schema import KINDS
 from datapipe.stage import StageConfig, Strict
+
+RENAMED_KEYS = {"curriculum": "phases"}  # top-level recipe keys: old name -> new name
+RENAMED_STAGES = {"render_dedupe": "render_dedup"}  # stage names: old -> new (one spelling of dedup)
 
 
 class RecipeError(ValueError):
-    """A recipe that cannot run; the message names the file, the key and the fix."""
+    """A recipe that cannot run; the message names the file, each wrong key and the fix.
+
+    `problems` lists them one a line, in the order they were found (a one-line error is its own problem)."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()):
+        super().__init__("\n  ".join([message, *problems]))
+        self.problems = list(problems) or [message]
 
 
 class RunError(RuntimeError):
@@ -27,23 +43,59 @@ class RunError(RuntimeError):
     the message says what to do."""
 
 
-class SourceConfig(Strict):
+def known_kind(value: str) -> str:
+    if value not in KINDS:
+        raise ValueError(f"unknown kind {value!r}; allowed: {', '.join(KINDS)}")
+    return value
+
+
+Kind = Annotated[str, AfterValidator(known_kind)]
+
+
+class Source(Strict):
+    """The keys of every source type."""
+
     name: str  # becomes Document.source; must be unique within the recipe
-    type: str  # a key of registry.SOURCES
-    paths: list[str] = []  # files, folders or globs; relative paths resolve against the recipe's folder
-    text_field: str = "text"  # the column/key that holds the text or code
-    id_field: str | None = None  # the column that holds a stable id; None uses file:position
-    file_field: str = "file"  # files sources: the manifest column naming each file, relative to the manifest
-    kind: str = "text"  # Document.kind for every record of this source
-    count: int = Field(1000, ge=1)  # generators only: how many records to make
+    type: str  # a key of registry.SOURCES; each subclass names the types it configures
     limit: int | None = Field(None, ge=1)  # stop after this many records (sample runs)
 
-    @field_validator("type")
-    @classmethod
-    def _known_type(cls, value: str) -> str:
-        if value not in registry.SOURCES:
-            raise ValueError(f"unknown source type {value!r}; allowed: {', '.join(sorted(registry.SOURCES))}")
-        return value
+
+class FileSource(Source):
+    paths: list[str] = Field(min_length=1)  # files, folders or globs; relative paths resolve against the recipe's folder
+
+
+class TabularSource(FileSource):
+    """Rows of JSONL, Parquet or a saved Hugging Face dataset: a document per row."""
+
+    type: Literal["jsonl", "parquet", "hf_disk"]
+    text_field: str = "text"  # the column/key that holds the text or code
+    id_field: str | None = None  # the column that holds a stable id; None uses file:position
+    kind: Kind = "text"  # Document.kind for every row
+
+
+class FilesSource(FileSource):
+    """A document per file, or per row of a JSONL manifest that names files."""
+
+    type: Literal["files"]
+    file_field: str = "file"  # a manifest's column naming each file, relative to the manifest
+    kind: Kind = "text"  # Document.kind of a file whose extension does not say (.svg, .html, .py and .scad do)
+
+
+class PageSource(FileSource):
+    """Web archives (WARC/ARC/WET) and saved pages: each record's kind comes from its content."""
+
+    type: Literal["warc", "html"]
+
+
+class GeneratorSource(Source):
+    """Seeded generators: no files, and each decides its documents' kind."""
+
+    type: Literal["pydoc_topics", "python_programs", "svg_programs", "html_pages"]
+    count: int = Field(1000, ge=1)  # how many records to make
+
+
+SOURCE_TYPES = (TabularSource, FilesSource, PageSource, GeneratorSource)  # together: every key of registry.SOURCES
+SourceConfig = Annotated[TabularSource | FilesSource | PageSource | GeneratorSource, Field(discriminator="type")]
 
 
 class ShardConfig(Strict):
@@ -63,7 +115,7 @@ class Recipe(Strict):
     seed: int = 0  # every random choice (generators, shuffles) derives from it
     sources: list[SourceConfig] = Field(min_length=1)
     stages: list[SerializeAsAny[StageConfig]] = []  # each validated against its stage's own Config
-    curriculum: list[CurriculumStage] = Field([CurriculumStage()], min_length=1)  # packing stages, in training order
+    phases: list[CurriculumPhase] = Field([CurriculumPhase()], min_length=1)  # the curriculum, in training order
     shards: ShardConfig = ShardConfig()
     ray: RayConfig = RayConfig()
     base_dir: Path = Path(".")  # the recipe's folder; set by load_recipe, not by the YAML
@@ -95,9 +147,9 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe is a YAML mapping with at least `name` and `sources`")
     if "pack" in raw:
-        raise RecipeError(f"{path}: pack: replaced by a list of curriculum stages; write "
-                          "`curriculum: [{name: main, seq_len: 2048}]` (see README, Curriculum)")
-    raw.setdefault("curriculum", [{"name": "main"}])  # the default stage, spelled out so --set can reach it
+        raise RecipeError(f"{path}: pack: replaced by a list of curriculum phases; write "
+                          "`phases: [{name: main, seq_len: 2048}]` (see README, Curriculum)")
+    raw.setdefault("phases", [{"name": "main"}])  # the default phase, spelled out so --set can reach it
     for override in overrides:
         apply_override(raw, override, path)
     raw["base_dir"] = str(path.resolve().parent)
@@ -105,21 +157,36 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
 
 
 def validate_recipe(raw: dict[str, Any], path: Path | str = "<recipe>") -> Recipe:
+    """The typed recipe, or one RecipeError listing every problem found, in recipe order."""
+    problems = renamed_key_problems(raw)
     try:
-        recipe = Recipe.model_validate({k: v for k, v in raw.items() if k != "stages"})
+        recipe = Recipe.model_validate({k: v for k, v in raw.items() if k != "stages" and k not in RENAMED_KEYS})
     except ValidationError as err:
-        raise RecipeError(format_errors(err, Recipe, path)) from None
-    entries = raw.get("stages") or []
-    if not isinstance(entries, list):
-        raise RecipeError(f"{path}: stages: expected a list of `- stage: NAME` entries")
-    stages = [validate_stage(entry, i, path) for i, entry in enumerate(entries)]
-    if "tokenize" not in [stage.stage for stage in stages]:
-        raise RecipeError(f"{path}: stages: a recipe that writes shards needs a `- stage: tokenize` entry")
-    stages = [resolve_paths(stage, recipe.base_dir) for stage in stages]
-    problems = curriculum_problems(recipe.curriculum, [source.name for source in recipe.sources])
+        recipe, problems = None, problems + error_lines(err, Recipe)
+    stages, stage_problems = validate_stages(raw.get("stages") or [])
+    problems += stage_problems + cross_problems(recipe, raw)
     if problems:
-        raise RecipeError("\n  ".join([f"{path}: invalid recipe", *problems]))
+        raise RecipeError(f"{path}: invalid recipe", problems)
+    stages = [resolve_paths(stage, recipe.base_dir) for stage in stages]
     return recipe.model_copy(update={"stages": stages})
+
+
+def cross_problems(recipe: Recipe | None, raw: dict[str, Any]) -> list[str]:
+    """Phases against sources (a mixture names a source), found from the raw recipe when another
+    part of it is invalid, as long as the phases themselves are valid."""
+    if recipe is not None:
+        return phase_problems(recipe.phases, [source.name for source in recipe.sources])
+    try:
+        phases = TypeAdapter(list[CurriculumPhase]).validate_python(raw.get("phases", []))
+    except ValidationError:
+        return []  # their own errors are listed already
+    sources = raw.get("sources") if isinstance(raw.get("sources"), list) else []
+    return phase_problems(phases, [str(source.get("name")) for source in sources if isinstance(source, dict)])
+
+
+def renamed_key_problems(raw: dict[str, Any]) -> list[str]:
+    return [f"{old}: renamed to `{new}:` (same entries); rename the key (and write --set {new}.NAME.KEY=VALUE)"
+            for old, new in RENAMED_KEYS.items() if old in raw]
 
 
 def resolve_paths(stage: StageConfig, base_dir: Path) -> StageConfig:
@@ -132,58 +199,138 @@ def resolve_paths(stage: StageConfig, base_dir: Path) -> StageConfig:
     return stage.model_copy(update=updates)
 
 
-def validate_stage(entry: Any, index: int, path: Path | str) -> StageConfig:
-    where = f"{path}: stages[{index}]"
-    if not isinstance(entry, dict) or "stage" not in entry:
-        raise RecipeError(f"{where}: each stage is a mapping with a `stage:` name; allowed: {known_stages()}")
-    if entry["stage"] not in registry.STAGES:
-        raise RecipeError(f"{where}.stage: unknown stage {entry['stage']!r}; allowed: {known_stages()}")
-    config_class = registry.stage_config_class(entry["stage"])
+def validate_stages(entries: Any) -> tuple[list[StageConfig], list[str]]:
+    """Each entry against its stage's Config; the problems of all of them."""
+    if not isinstance(entries, list):
+        return [], ["stages: expected a list of `- stage: NAME` entries"]
+    stages, problems = [], []
+    for index, entry in enumerate(entries):
+        stage, stage_problems = validate_stage(entry, index)
+        stages += [stage] if stage is not None else []
+        problems += stage_problems
+    if "tokenize" not in [entry.get("stage") for entry in entries if isinstance(entry, dict)]:
+        problems.append("stages: a recipe that writes shards needs a `- stage: tokenize` entry")
+    return stages, problems
+
+
+def validate_stage(entry: Any, index: int) -> tuple[StageConfig | None, list[str]]:
+    where = f"stages[{index}]"
+    name = entry.get("stage") if isinstance(entry, dict) else None
+    if not isinstance(name, str):
+        return None, [f"{where}: each stage is a mapping with a `stage:` name; allowed: {known_stages()}"]
+    if name in RENAMED_STAGES:
+        return None, [f"{where}.stage: {name} is now {RENAMED_STAGES[name]}; rename it"]
+    if name not in registry.STAGES:
+        return None, [f"{where}.stage: unknown stage {name!r}; allowed: {known_stages()}"]
+    config_class = registry.stage_config_class(name)
     try:
-        return config_class.model_validate(entry)
+        stage = config_class.model_validate(entry)
     except ValidationError as err:
-        raise RecipeError(format_errors(err, config_class, f"{path}", prefix=f"stages[{index}]")) from None
+        return None, error_lines(err, config_class, prefix=where)
+    return stage, option_problems(stage, where)
+
+
+def option_problems(stage: StageConfig, where: str) -> list[str]:
+    """Options every stage accepts that would do nothing for this one: refused, not ignored."""
+    problems = []
+    if stage.concurrency is not None and not type(stage).actor:
+        problems.append(f"{where}.concurrency: {stage.stage} runs as Ray tasks, not an actor pool; drop "
+                        f"concurrency (it sizes the pool of an actor stage: {', '.join(actor_stages())})")
+    if stage.num_gpus is not None and hasattr(registry.stage_module(stage.stage), "transform_dataset"):
+        problems.append(f"{where}.num_gpus: {stage.stage} is a global stage whose passes reserve CPUs only; "
+                        "drop num_gpus")
+    return problems
 
 
 def known_stages() -> str:
     return ", ".join(sorted(registry.STAGES))
 
 
-def format_errors(err: ValidationError, model: type[BaseModel], path: Path | str, prefix: str = "") -> str:
-    lines = [f"{path}: invalid recipe"]
+def actor_stages() -> list[str]:
+    """Stages that run in an actor pool (imports every stage module: for error messages only)."""
+    return sorted(name for name in registry.STAGES if registry.stage_config_class(name).actor)
+
+
+def error_lines(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One `key.path: what is wrong` line per pydantic error."""
+    lines = []
     for error in err.errors():
-        loc = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in error["loc"]).replace(".[", "[")
-        key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        lines.append(f"  {key}: {describe_error(error, model)}")
-    return "\n".join(lines)
+        key, owner, union, tag = locate(model, error["loc"])
+        if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            key += ".type"
+        key = f"{prefix}.{key}" if prefix and key else (prefix or key)
+        lines.append(f"{key}: {describe_error(error, owner, union, tag)}")
+    return lines
 
 
-def describe_error(error: dict[str, Any], model: type[BaseModel]) -> str:
+def describe_error(error: dict[str, Any], owner: type[BaseModel], union: list[type[BaseModel]], tag: str) -> str:
+    """What is wrong, with what is allowed. `owner` holds the key; it was chosen from `union` by `tag`."""
     if error["type"] == "extra_forbidden":
-        allowed = ", ".join(allowed_keys(model, error["loc"][:-1]))
-        return f"unknown key; allowed: {allowed}"
-    if error["type"] == "missing":
-        return "required key is missing"
+        return unknown_key(error["loc"][-1], owner, union, tag)
+    if error["type"] == "union_tag_invalid":
+        return f"unknown type {error['ctx']['tag']!r}; allowed: {', '.join(sorted(union_tags(union)))}"
+    if error["type"] in ("missing", "union_tag_not_found"):
+        allowed = f"; allowed: {', '.join(sorted(union_tags(union)))}" if error["type"] == "union_tag_not_found" else ""
+        return f"required key is missing{allowed}"
+    if error["type"] == "value_error":  # our validators' messages name the value already
+        return error["msg"].removeprefix("Value error, ")
     got = error.get("input")
     return f"{error['msg']} (got {got!r})" if not isinstance(got, dict | list) else error["msg"]
 
 
-def allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
-    """The field names of the (nested) model that `loc` points into."""
+def unknown_key(key: str, owner: type[BaseModel], union: list[type[BaseModel]], tag: str) -> str:
+    allowed = f"allowed: {', '.join(name for name in owner.model_fields if name != 'base_dir')}"
+    if not tag:
+        return f"unknown key; {allowed}"
+    types = sorted(other for member in union if key in member.model_fields for other in type_tags(member))
+    elsewhere = f" ({key} is for {', '.join(types)} sources)" if types else ""
+    return f"a {tag} source has no `{key}`{elsewhere}; {allowed}"
+
+
+def locate(model: type[BaseModel], loc: tuple) -> tuple[str, type[BaseModel], list[type[BaseModel]], str]:
+    """The key path a person reads ("sources[0].count"), the model holding its last key, and the
+    union and tag that chose that model ([] and "" if none). pydantic puts a discriminated union's
+    tag (the source type) into `loc`; it is no key of the recipe and is left out of the path."""
+    parts, owner, models, union, tag = [], model, [model], [], ""
     for part in loc:
         if isinstance(part, int):
+            parts.append(f"[{part}]")
             continue
-        annotation = model.model_fields[part].annotation
-        inner = getattr(annotation, "__args__", (annotation,))
-        model = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), model)
-    return [name for name in model.model_fields if name != "base_dir"]
+        chosen = [member for member in models if part in type_tags(member)]
+        if len(models) > 1 and chosen:
+            union, models, tag = models, chosen, part
+            continue
+        owner = models[0] if models else owner
+        parts.append(f".{part}")
+        field = owner.model_fields.get(part)
+        models = models_in(field.annotation) if field else []
+    if len(models) > 1:  # the error is about the union itself (its tag is missing or unknown)
+        union = models
+    return "".join(parts).lstrip("."), owner, union, tag
+
+
+def models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models inside a field's type: list[X] -> [X], A | B | None -> [A, B]."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in models_in(arg)]
+
+
+def type_tags(model: type[BaseModel]) -> tuple[str, ...]:
+    """The `type` values that select this member of a discriminated union (() for other models)."""
+    field = model.model_fields.get("type")
+    return get_args(field.annotation) if field and get_origin(field.annotation) is Literal else ()
+
+
+def union_tags(union: list[type[BaseModel]]) -> list[str]:
+    return [tag for member in union for tag in type_tags(member)]
 
 
 def apply_override(raw: dict[str, Any], override: str, path: Path | str) -> None:
     """`a.b=value` (value parsed as YAML); list items by index or, for stages, by stage name."""
     key, sep, value = override.partition("=")
     if not sep or not key:
-        raise RecipeError(f"--set {override!r}: expected KEY=VALUE, for example --set curriculum.main.seq_len=4096")
+        raise RecipeError(f"--set {override!r}: expected KEY=VALUE, for example --set phases.main.seq_len=4096")
     parts = key.split(".")
     node: Any = raw
     for depth, part in enumerate(parts[:-1]):

@@ -41,7 +41,7 @@ STAGES: dict[str, str] = {
     "rephrase": "datapipe.text.rephrase",  # K rewrites per document with an LLM (local, OpenAI HTTP, vLLM)
     "tokenize": "tokenizer.stage",
     "render": "renderers.stage",  # svg/html documents -> images (actor pool, sandboxed, quality-gated)
-    "render_dedupe": "renderers.dedupe",  # near-duplicate renders by perceptual hash, global (one actor)
+    "render_dedup": "renderers.dedup",  # near-duplicate renders by perceptual hash, global (one actor)
     "code_image_samples": "renderers.samples",  # (code, images) -> image-to-code / code-to-image documents
 }
 

@@ -62,17 +62,22 @@ def summary_table(stats: dict[str, Any], title: str) -> Table:
         top = ", ".join(f"{lang} {n:,}" for lang, n in list(stats["languages"].items())[:6])
         table.add_row("languages written", top)
     table.add_row("tokens written", f"{stats['tokens']:,}")
-    for stage, packed in stats["packing"].items():
-        table.add_row(f"stage {stage}", stage_summary(packed))
+    for phase, packed in phase_figures(stats).items():
+        table.add_row(f"phase {phase}", phase_summary(packed))
         for source, use in packed.get("sources", {}).items():
-            table.add_row(f"  {stage} {source}", f"{use['tokens']:,} tokens (target {use['target']:,})")
+            table.add_row(f"  {phase} {source}", f"{use['tokens']:,} tokens (target {use['target']:,})")
     table.add_row("accounting", "in + created = written + rejected" if stats["balanced"] else "[red]UNBALANCED")
     table.add_row("wall time", f"{stats['wall_s']:.1f} s")
     return table
 
 
-def stage_summary(packed: dict[str, Any]) -> str:
-    """One curriculum stage in a line: samples, fill, what happened to long documents, tokens against budget."""
+def phase_figures(stats: dict[str, Any]) -> dict[str, Any]:
+    """stats.json's figures per curriculum phase (runs before the rename to phases said "packing")."""
+    return stats.get("phases", stats.get("packing", {}))
+
+
+def phase_summary(packed: dict[str, Any]) -> str:
+    """One curriculum phase in a line: samples, fill, what happened to long documents, tokens against budget."""
     line = (f"{packed['samples']:,} samples x {packed['seq_len']:,} in {packed['shards']} shards, "
             f"fill {packed['fill']:.2%}, {packed.get('docs', 0):,} docs ({packed.get('split_docs', 0):,} split")
     line += f", {packed['truncated_docs']:,} truncated" if packed.get("truncated_docs") else ""

@@ -5,7 +5,7 @@ per generator range), their union, then each recipe stage as a `map_batches`
 operator (tasks for plain functions, an actor pool for stages that keep a warm
 resource). The driver consumes the stream in order: rejects go to the rejects file,
 live documents to a spill (out/<run>/spill/, written once). Then each curriculum
-stage selects and packs from the whole spill and writes its shards. Order is
+phase selects and packs from the whole spill and writes its shards. Order is
 preserved, so the same recipe and seed give the same shards.
 """
 from __future__ import annotations
@@ -26,9 +26,10 @@ from rich.progress import track
 
 from datapipe.packing.bfd import SpecialIds
 from datapipe.packing.corpus import Corpus, SpillWriter
-from datapipe.packing.curriculum import CurriculumStage, Usage, pack_stage, stage_stats
+from datapipe.packing.curriculum import CurriculumPhase, Usage, pack_phase, phase_stats
 from datapipe.packing.writer import ShardWriter, write_run_manifest
 from datapipe.pipeline import registry
+from datapipe.pipeline.check import check_recipe
 from datapipe.pipeline.inputs import read_work_item, work_items
 from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError, SourceConfig
 from datapipe.pipeline.report import make_progress, update_progress
@@ -38,16 +39,20 @@ from datapipe.shardformat import MANIFEST, RUN_MANIFEST
 from datapipe.stage import StageConfig
 
 READ_BATCH = 1024  # documents per Arrow block out of a reader
-SPILL = "spill"  # out/<run>/spill/: the live tokenized documents, written once, read by every curriculum stage
+SPILL = "spill"  # out/<run>/spill/: the live tokenized documents, written once, read by every curriculum phase
 
 
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | None = None,
                console: Console | None = None) -> dict[str, Any]:
-    """Run the whole recipe; return the stats also written to <out>/stats.json."""
+    """Run the whole recipe; return the stats also written to <out>/stats.json.
+
+    Every check comes before the previous output is cleared, and those that need no cluster before Ray starts."""
     console = console or Console(stderr=True)
-    out = prepare_out_dir(Path(out_dir or Path("out") / recipe.name), recipe)
+    check_recipe(recipe)
+    out = check_out_dir(Path(out_dir or Path("out") / recipe.name))
     connect(recipe.ray, ray_address)
     check_actor_cpus(recipe)
+    prepare_out_dir(out, recipe)
     stats = RunStats(recipe.name)  # before the plan: a global stage (dedup) does work while planning
     dataset = build_plan(recipe)
     ids = special_ids(recipe)
@@ -56,14 +61,14 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
         with make_progress(console) as progress:
             corpus = spill_documents(dataset, spill, stats, rejects, progress, recipe.name)
         usage = Usage(len(corpus.ids))
-        for stage in recipe.curriculum:
-            stats.packing[stage.name] = write_stage(stage, corpus, recipe, out, ids, usage, console)
+        for phase in recipe.phases:
+            stats.phases[phase.name] = write_phase(phase, corpus, recipe, out, ids, usage, console)
         reject_unused(corpus, usage, stats, rejects)
     del corpus  # its memory maps close before the spill goes
     shutil.rmtree(out / SPILL)
     stats.finish()
     stats.save(out / "stats.json")
-    write_run_manifest(out, [{"name": stage.name} for stage in recipe.curriculum],  # last: the run is done
+    write_run_manifest(out, [{"name": phase.name} for phase in recipe.phases],  # last: the run is done
                        {"recipe": recipe.name, "seed": recipe.seed})
     return stats.to_dict()
 
@@ -89,23 +94,24 @@ def spill_documents(dataset, spill: SpillWriter, stats: RunStats, rejects, progr
     return spill.finish()
 
 
-def write_stage(stage: CurriculumStage, corpus: Corpus, recipe: Recipe, out: Path, ids: SpecialIds, usage: Usage,
+def write_phase(phase: CurriculumPhase, corpus: Corpus, recipe: Recipe, out: Path, ids: SpecialIds, usage: Usage,
                 console: Console) -> dict[str, Any]:
-    """Pack one curriculum stage over the whole corpus and write its shards; return its stats."""
+    """Pack one curriculum phase over the whole corpus and write its shards; return its stats."""
     started = time.monotonic()
-    selection, plan, samples = pack_stage(stage, corpus, recipe.seed, ids)
-    info = {"recipe": recipe.name, "seed": recipe.seed, "phase": stage.name, "seq_len": stage.seq_len,
+    selection, sequences, samples = pack_phase(phase, corpus, recipe.seed, ids)
+    info = {"recipe": recipe.name, "seed": recipe.seed, "phase": phase.name, "seq_len": phase.seq_len,
             "recipe_config": recipe.model_dump(mode="json", exclude={"base_dir"})}
-    with ShardWriter(out / stage.name, recipe.shards.samples_per_shard, info, recipe.shards.max_bytes) as shards:
-        for sample in track(samples, f"stage {stage.name}", total=plan.num_sequences, console=console, transient=True):
+    with ShardWriter(out / phase.name, recipe.shards.samples_per_shard, info, recipe.shards.max_bytes) as shards:
+        for sample in track(samples, f"phase {phase.name}", total=sequences.num_sequences, console=console,
+                            transient=True):
             shards.write(sample)
         manifest = shards.close()
     usage.record(selection)
-    return stage_stats(stage, corpus, selection, plan, manifest, started)
+    return phase_stats(phase, corpus, selection, sequences, manifest, started)
 
 
 def reject_unused(corpus: Corpus, usage: Usage, stats: RunStats, rejects) -> None:
-    """Documents that no stage packed (over budget, too long, outside every mixture) become rejects."""
+    """Documents that no phase packed (over budget, too long, outside every mixture) become rejects."""
     unused = usage.unused()
     while chunk := list(islice(unused, 10_000)):  # described a chunk at a time: memory stays flat
         for (row, reason), record in zip(chunk, corpus.describe([row for row, _ in chunk])):
@@ -116,18 +122,22 @@ def reject_unused(corpus: Corpus, usage: Usage, stats: RunStats, rejects) -> Non
     stats.stage_passed["pack"] = int((usage.uses > 0).sum())
 
 
-def prepare_out_dir(out: Path, recipe: Recipe) -> Path:
-    """Refuse a non-empty folder that datapipe did not write; clear our own previous run."""
+def check_out_dir(out: Path) -> Path:
+    """Refuse a non-empty folder that datapipe did not write (our own previous run is cleared later)."""
     if out.exists() and any(out.iterdir()) and not (out / "stats.json").exists() and not (out / "recipe.json").exists():
         raise RecipeError(f"{out} is not empty and was not written by datapipe; pass a new or empty --out")
+    return out
+
+
+def prepare_out_dir(out: Path, recipe: Recipe) -> None:
+    """Clear our own previous run's phases, rejects, spill and stats; write recipe.json."""
     stale = [manifest.parent for manifest in out.glob(f"*/{MANIFEST}")]
-    for folder in [*stale, *(out / stage.name for stage in recipe.curriculum), out / "rejects", out / SPILL]:
+    for folder in [*stale, *(out / phase.name for phase in recipe.phases), out / "rejects", out / SPILL]:
         shutil.rmtree(folder, ignore_errors=True)
     (out / "stats.json").unlink(missing_ok=True)
     (out / RUN_MANIFEST).unlink(missing_ok=True)  # written last; its absence marks an unfinished run
     (out / "rejects").mkdir(parents=True)
     (out / "recipe.json").write_text(recipe.model_dump_json(indent=2))
-    return out
 
 
 def connect(cfg: RayConfig, address: str | None) -> None:

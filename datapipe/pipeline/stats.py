@@ -39,7 +39,7 @@ class RunStats:
         self.lengths = {"written": Counter(), "rejected": Counter()}  # by length_bucket(len(text))
         self.pii: Counter[str] = Counter()  # redactions by kind (meta["pii"], set by the pii stage)
         self.tokens = 0
-        self.packing: dict[str, Any] = {}
+        self.phases: dict[str, Any] = {}  # by curriculum phase: what it packed (curriculum.phase_stats)
         self.wall_s = 0.0
 
     def count(self, doc: Document) -> None:
@@ -99,7 +99,7 @@ class RunStats:
             "languages": dict((+self.languages).most_common()),  # + drops languages whose documents all left late
             "length_histogram": {k: ordered_buckets(v) for k, v in self.lengths.items()},
             "tokens": self.tokens,
-            "packing": self.packing,
+            "phases": self.phases,
             "balanced": self.balanced,
             "wall_s": round(self.wall_s, 2),
         }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,16 @@ DECLARED_CHARSET = re.compile(rb"""(?:encoding|charset)\s*=\s*["']?([A-Za-z0-9_.
 MANIFEST_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 
 
+@dataclass(frozen=True)
+class ManifestRows:
+    """What read_jsonl needs to read a manifest: the column naming each file stands where text would."""
+
+    name: str  # the source's name
+    text_field: str  # the source's file_field
+    kind: str
+    id_field: None = None  # a row's file path is its id
+
+
 def read_files(cfg: Any, path: str) -> Iterator[Document]:
     if path.endswith(MANIFEST_SUFFIXES):
         yield from read_manifest(cfg, path)
@@ -42,7 +53,7 @@ def read_manifest(cfg: Any, path: str) -> Iterator[Document]:
     from datapipe.readers.tabular import read_jsonl  # rows come back as documents: malformed lines are rejects already
 
     manifest_dir = Path(path).resolve().parent
-    rows = read_jsonl(cfg.model_copy(update={"text_field": cfg.file_field, "id_field": None}), path)
+    rows = read_jsonl(ManifestRows(cfg.name, cfg.file_field, cfg.kind), path)
     for row in rows:
         if row["reject"]:
             yield row

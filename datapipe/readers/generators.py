@@ -18,7 +18,7 @@ def pydoc_topics(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Documen
 
     names = sorted(topics)
     for index in range(start, min(stop, len(names))):
-        yield new_document(cfg.name, names[index], topics[names[index]], kind=cfg.kind, topic=names[index])
+        yield new_document(cfg.name, names[index], topics[names[index]], kind="text", topic=names[index])
 
 
 def seeded_rngs(source: str, seed: int, start: int, stop: int) -> Iterator[tuple[int, random.Random]]:

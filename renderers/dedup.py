@@ -1,4 +1,4 @@
-"""The render_dedupe stage: reject exact and near-duplicate renders, globally and deterministically.
+"""The render_dedup stage: reject exact and near-duplicate renders, globally and deterministically.
 
 A render is a near-duplicate when the dHash of its first image is within `max_distance` bits
 (of 256) of an earlier kept render's: the same icon drawn twice (feather and lucide share
@@ -34,7 +34,7 @@ class Config(StageConfig):
     @classmethod
     def _one_actor(cls, value: int | None) -> int | None:
         if value not in (None, 1):
-            raise ValueError("render_dedupe runs as one actor so that it is global and deterministic; drop concurrency")
+            raise ValueError("render_dedup runs as one actor so that it is global and deterministic; drop concurrency")
         return value
 
 
@@ -66,7 +66,7 @@ class HashIndex:
 def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
     index = HashIndex(cfg.max_distance)
 
-    def dedupe(docs: list[Document]) -> list[Document]:
+    def dedup(docs: list[Document]) -> list[Document]:
         for doc in docs:
             hashes = doc["meta"].get("render", {}).get("dhash")
             if not hashes:
@@ -76,9 +76,9 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
             if owner is None:
                 index.add(value, doc["id"])
             else:
-                doc["reject"] = "render_dedupe.duplicate"
+                doc["reject"] = "render_dedup.duplicate"
                 doc["meta"]["duplicate_of"] = owner
                 doc["media"] = []
         return docs
 
-    return dedupe
+    return dedup
