@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_va
 
 from datapipe.packing.curriculum import CurriculumStage, curriculum_problems
 from datapipe.pipeline import registry
+from datapipe.schema import KINDS
 from datapipe.stage import StageConfig, Strict
 
 
@@ -43,6 +44,13 @@ class SourceConfig(Strict):
     def _known_type(cls, value: str) -> str:
         if value not in registry.SOURCES:
             raise ValueError(f"unknown source type {value!r}; allowed: {', '.join(sorted(registry.SOURCES))}")
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value not in KINDS:
+            raise ValueError(f"unknown kind {value!r}; allowed: {', '.join(KINDS)}")
         return value
 
 
