@@ -111,6 +111,17 @@ def test_every_kind_a_reader_generator_or_renderer_names_is_in_kinds(tmp_path):
     assert named | warc_kinds <= set(KINDS)
 
 
+def test_a_manifest_column_cannot_choose_the_folder_a_renderer_serves(tmp_path):
+    from datapipe.readers.files import read_files
+
+    (tmp_path / "icons").mkdir()
+    (tmp_path / "icons" / "x.svg").write_text("<svg/>")
+    write_jsonl(tmp_path / "manifest.jsonl", [{"file": "icons/x.svg", **HOSTILE}])
+    [doc] = read_files(SourceConfig(name="site", type="files"), str(tmp_path / "manifest.jsonl"))
+    assert doc["asset_dir"] == str(tmp_path / "icons") and doc["meta"]["manifest"] == HOSTILE
+    assert (doc["transforms"], doc["language"], doc["derived_from"], doc["notes"]) == ([], "", "", {})
+
+
 def test_columns_named_like_pipeline_fields_land_in_meta_unchanged(tmp_path):
     from datapipe.readers.tabular import read_jsonl, read_parquet
 
@@ -161,12 +172,12 @@ def hostile_run(tmp_path_factory, tiny_tokenizer, ray_session):
     (tmp / "hostile.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     assert cli.main(["run", str(tmp / "hostile.yaml"), "--out", str(tmp / "out")]) == 0
     rejects = [json.loads(line) for line in (tmp / "out" / "rejects" / "rejects.jsonl").open()]
-    return json.loads((tmp / "out" / "stats.json").read_text()), rejects, hostile
+    return json.loads((tmp / "out" / "stats.json").read_text()), rejects, hostile, tmp / "out"
 
 
 @pytest.mark.slow
 def test_hostile_columns_change_no_figure_of_the_run(hostile_run):
-    stats, _, _ = hostile_run
+    stats, _, _, _ = hostile_run
     texts, icons = len(TEXTS), 2
     assert stats["balanced"] is True and stats["created"] == {}
     assert stats["records_in"] == {"plain": texts, "rows": texts, "table": texts, "plain_icons": icons, "icons": icons}
@@ -184,8 +195,8 @@ def test_hostile_columns_change_no_figure_of_the_run(hostile_run):
 
 
 @pytest.mark.slow
-def test_hostile_columns_reach_the_rejects_unchanged_and_steer_no_renderer(hostile_run):
-    _, rejects, hostile = hostile_run
+def test_hostile_columns_reach_the_rejects_unchanged_and_steer_no_renderer(hostile_run, capsys):
+    _, rejects, hostile, out = hostile_run
     by_source = {(line["source"], line["reject"]): line for line in rejects}
     for source in ("rows", "table", "icons"):
         reason = "render.external_reference" if source == "icons" else "tokenize.media_count_mismatch"
@@ -199,3 +210,6 @@ def test_hostile_columns_reach_the_rejects_unchanged_and_steer_no_renderer(hosti
     assert by_source[("rows", "tokenize.media_count_mismatch")]["transforms"] == ["langid", "pii", "render",
                                                                                   "render_dedupe",
                                                                                   "code_image_samples"]
+    assert cli.main(["inspect", str(out), "--samples", "0"]) == 0
+    shown = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert "render.external_reference" in shown and "error: secret.png" in shown
