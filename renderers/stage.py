@@ -7,9 +7,10 @@ entity_bomb, external_reference, invalid, timeout, crashed), then the quality ga
 image (render.blank, render.low_detail). A kept document has doc["media"] = the PNGs (one per
 view) and notes["render"] = renderer, version, options, sizes, gate measures and a 64-bit
 dHash per image; its text stays the code (or becomes the stripped markup that was actually
-rendered). A reject's detail goes to doc["error"]. Local files come only from
-Document.asset_dir, which only the files reader sets. Documents of other kinds pass through untouched. Near-duplicates are the next
-stage's job (render_dedupe), which sees every render in order.
+rendered); a reject's detail goes to doc["error"]. Local files come only from the folder
+Document.asset_dir names, which only the files reader sets. Documents of other kinds pass
+through untouched. Near-duplicates are the next stage's job (render_dedupe), which sees
+every render in order.
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def render_document(doc: Document, renderer, options: RenderOptions, gates: Gate
     thumbnails = [grayscale(png) for png in result.images]
     checks = [check_image(gray, gates) for gray in thumbnails]
     doc["notes"]["render"] = {**result.meta, "gates": [measures for _, measures in checks],
-                             "dhash": [f"{dhash(gray):064x}" for gray in thumbnails]}
+                              "dhash": [f"{dhash(gray):064x}" for gray in thumbnails]}
     failed = next((reason for reason, _ in checks if reason), "")
     if failed:
         doc["reject"] = f"render.{failed}"

@@ -86,7 +86,8 @@ def test_placeholders_become_media_spans_in_order(tiny_tokenizer):
     tokens = doc["tokens"]
     spans = media_spans(tokens, ids["<|media_begin|>"], ids["<|media_end|>"])
     pads = [int((tokens[start:stop] == ids["<|media_pad|>"]).sum()) for start, stop in spans]
-    assert pads == [m["pad_tokens"] for m in doc["notes"]["tokenize"]["media"]] == [50, 55, 1]  # 10x5 cells, 11x5 (budget 64), 1x1
+    layouts = doc["notes"]["tokenize"]["media"]
+    assert pads == [m["pad_tokens"] for m in layouts] == [50, 55, 1]  # 10x5 cells, 11x5 (budget 64), 1x1
     image_word = FastEncoder(tiny_tokenizer).encode_batch(["image"])[0].tolist()
     start = spans[0][0]
     assert tokens[start : start + len(image_word) + 2].tolist() == \

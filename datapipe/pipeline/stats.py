@@ -8,8 +8,8 @@ records_in + created == written + rejected; `balanced` in stats.json says it hel
 Per stage, documents in = kept + rejected, with their UTF-8 bytes as the stage saw them
 (Document.bytes_in, set by the runner); per reject reason (one per filter rule), the
 documents and bytes it dropped; the languages of written documents (Document.language,
-"unknown" where no langid stage ran); redactions by kind (Document.pii);
-and histograms of text length in characters, written and rejected.
+"unknown" where no langid stage ran); redactions by kind (Document.pii); and histograms
+of text length in characters, written and rejected.
 """
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ class RunStats:
         self.stage_bytes_in.update(doc["bytes_in"])
         self.pii.update(doc["pii"])
         if doc["reject"]:
-            size = doc["bytes_in"].get(doc["reject"].split(".", 1)[0]) or len(doc["text"].encode("utf-8", "surrogatepass"))
+            stage = doc["reject"].split(".", 1)[0]
+            size = doc["bytes_in"].get(stage) or len(doc["text"].encode("utf-8", "surrogatepass"))
             self.count_rejected(doc["reject"], size, len(doc["text"]))
         else:
             self.written[doc["source"]] += 1
