@@ -88,7 +88,7 @@ def run_ours_on_ray(texts: list[str], work: Path) -> tuple[dict[int, int], float
     for table in build_plan(recipe).iter_batches(batch_format="pyarrow", batch_size=None):
         for doc in docs_from_table(table):
             if doc["reject"]:
-                removed[int(doc["source_id"])] = int(doc["meta"]["dedup"]["cluster"].split("/")[-1])
+                removed[int(doc["source_id"])] = int(doc["notes"]["dedup"]["cluster"].split("/")[-1])
     return removed, time.perf_counter() - started
 
 

@@ -12,7 +12,7 @@ hits both alike:
 Both take the same viewport; "same output" counts pages whose two screenshots differ on at
 most 2% of pixels. The ones that differ are by design: MDN pages that link ../styles.css
 outside their own folder get it from file:// but not from our route, which serves only the
-page's folder (meta.render.blocked_requests lists what was refused). Wall time per
+page's folder (notes.render.blocked_requests lists what was refused). Wall time per
 screenshot, medians and totals; the last line is the summary.
 """
 from __future__ import annotations

@@ -82,7 +82,7 @@ def run_stage(backend, texts: list[str], max_new_tokens: int) -> dict:
     started = time.perf_counter()
     out = make_stage(cfg, backend=backend)(docs)
     seconds = time.perf_counter() - started
-    tokens = sum(d["meta"]["rephrase"].get("output_tokens", 0) for d in out if "rephrase" in d["meta"])
+    tokens = sum(d["notes"]["rephrase"].get("output_tokens", 0) for d in out if "rephrase" in d["notes"])
     return {"stage_docs": len(docs), "stage_tok_s": round(tokens / seconds, 1), "stage_s": round(seconds, 1),
             "stage_written": sum(1 for d in out if not d["reject"]),
             "stage_rejected": dict(Counter(d["reject"] for d in out if d["reject"])),

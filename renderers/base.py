@@ -67,7 +67,7 @@ def file_inside(root: Path, relative: str) -> Path | None:
 
 
 class Renderer(Protocol):
-    name: str  # "resvg", "cairosvg", "chromium": recorded in meta
+    name: str  # "resvg", "cairosvg", "chromium": recorded in notes["render"]
 
     def render(self, code: str, asset_dir: Path | None, options: RenderOptions) -> Render: ...
 

@@ -8,7 +8,7 @@ every hash, and nothing within the distance is missed.
 
 Global, and so deterministic: the stage is one actor (concurrency 1) fed in stream order
 (the runner preserves order), so the first render of a group in input order is kept and the
-later ones are rejected with meta["duplicate_of"], whatever the number of render actors.
+later ones are rejected with notes["render_dedup"]["duplicate_of"], whatever the number of render actors.
 Per-actor indexes would depend on which actor got which batch, and miss cross-actor copies.
 Its cost is a few microseconds a record; 10 million hashes take ~2 GB.
 """
@@ -68,7 +68,7 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
 
     def dedup(docs: list[Document]) -> list[Document]:
         for doc in docs:
-            hashes = doc["meta"].get("render", {}).get("dhash")
+            hashes = doc["notes"].get("render", {}).get("dhash")
             if not hashes:
                 continue  # not a render: nothing to compare
             value = int(hashes[0], 16)
@@ -77,7 +77,7 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
                 index.add(value, doc["id"])
             else:
                 doc["reject"] = "render_dedup.duplicate"
-                doc["meta"]["duplicate_of"] = owner
+                doc["notes"]["render_dedup"] = {"duplicate_of": owner}
                 doc["media"] = []
         return docs
 

@@ -24,7 +24,7 @@ FONT_STACKS = ['"DejaVu Sans", sans-serif', '"Liberation Serif", serif', '"Liber
 
 def html_pages(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Document]:
     for index, rng in seeded_rngs(cfg.name, seed, start, stop):
-        yield new_document(cfg.name, str(index), make_page(rng), kind="html", generator="html_pages")
+        yield new_document(cfg.name, str(index), make_page(rng), kind="html", meta={"generator": "html_pages"})
 
 
 def make_page(rng: random.Random) -> str:

@@ -31,7 +31,7 @@ FONTS = ["DejaVu Sans", "DejaVu Serif", "Liberation Sans", "Liberation Serif", "
 
 def svg_programs(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Document]:
     for index, rng in seeded_rngs(cfg.name, seed, start, stop):
-        yield new_document(cfg.name, str(index), make_svg(rng), kind="svg", generator="svg_programs")
+        yield new_document(cfg.name, str(index), make_svg(rng), kind="svg", meta={"generator": "svg_programs"})
 
 
 def make_svg(rng: random.Random) -> str:

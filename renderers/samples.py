@@ -9,8 +9,8 @@ Each image stands as one MEDIA_PLACEHOLDER in the text, in the order of doc["med
 tokenize stage turns each into its media-token span); a page rendered at several viewports
 names each size before its image. The order and the wording (a few phrasings per order, so
 the model does not learn one sentence) are drawn from hash(seed, document id): the same
-document always gets the same sample, whatever the batching. meta["sample"] records both;
-provenance (source file, renderer, options, sizes, hashes) stays in meta.
+document always gets the same sample, whatever the batching. notes["code_image_samples"] records
+both; provenance stays where it was (the source file in meta, the render in notes["render"]).
 """
 from __future__ import annotations
 
@@ -68,9 +68,9 @@ def make_sample(doc: Document, cfg: Config) -> None:
     templates = IMAGE_TO_CODE if order == "image_to_code" else CODE_TO_IMAGE
     wording = rng.randrange(len(templates))
     name, fence = LANGUAGES.get(doc["kind"], (doc["kind"].upper(), doc["kind"]))
-    images = image_lines(len(doc["media"]), doc["meta"].get("render", {}).get("sizes", []))
+    images = image_lines(len(doc["media"]), doc["notes"].get("render", {}).get("sizes", []))
     doc["text"] = templates[wording].format(images=images, name=name, fence=fence, code=code.strip("\n"))
-    doc["meta"]["sample"] = {"order": order, "wording": wording}
+    doc["notes"]["code_image_samples"] = {"order": order, "wording": wording}
 
 
 def image_lines(count: int, sizes: list) -> str:

@@ -5,10 +5,12 @@ sandboxed resvg worker with its font database, a Chromium page) and reserves `nu
 For every render, in order: the renderer's own checks and limits (render.too_large,
 entity_bomb, external_reference, invalid, timeout, crashed), then the quality gates on every
 image (render.blank, render.low_detail). A kept document has doc["media"] = the PNGs (one per
-view) and meta["render"] = renderer, version, options, sizes, gate measures and a 64-bit
+view) and notes["render"] = renderer, version, options, sizes, gate measures and a 64-bit
 dHash per image; its text stays the code (or becomes the stripped markup that was actually
-rendered). Documents of other kinds pass through untouched. Near-duplicates are the next
-stage's job (render_dedup), which sees every render in order.
+rendered); a reject's detail goes to doc["error"]. Local files come only from the folder
+Document.asset_dir names, which only the files reader sets. Documents of other kinds pass
+through untouched. Near-duplicates are the next stage's job (render_dedup), which sees
+every render in order.
 """
 from __future__ import annotations
 
@@ -56,17 +58,17 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
 
 
 def render_document(doc: Document, renderer, options: RenderOptions, gates: GateConfig) -> None:
-    asset_dir = Path(doc["meta"]["asset_dir"]) if doc["meta"].get("asset_dir") else None
+    asset_dir = Path(doc["asset_dir"]) if doc["asset_dir"] else None  # never a source column: see datapipe.schema
     try:
         result = renderer.render(doc["text"], asset_dir, options)
     except RenderError as err:
         doc["reject"] = f"render.{err.reason}"
-        doc["meta"]["render_error"] = err.detail[:500]
+        doc["error"] = err.detail[:500]
         return
     thumbnails = [grayscale(png) for png in result.images]
     checks = [check_image(gray, gates) for gray in thumbnails]
-    doc["meta"]["render"] = {**result.meta, "gates": [measures for _, measures in checks],
-                             "dhash": [f"{dhash(gray):064x}" for gray in thumbnails]}
+    doc["notes"]["render"] = {**result.meta, "gates": [measures for _, measures in checks],
+                              "dhash": [f"{dhash(gray):064x}" for gray in thumbnails]}
     failed = next((reason for reason, _ in checks if reason), "")
     if failed:
         doc["reject"] = f"render.{failed}"

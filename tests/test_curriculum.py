@@ -292,7 +292,7 @@ def test_rejects_file_and_inspect_show_the_curriculum(curriculum_run, capsys):
     rejects = {r["reject"]: r for r in map(json.loads, (out / "rejects" / "rejects.jsonl").open())}
     assert rejects["tokenize.media_count_mismatch"]["source_id"] == "orphan_placeholder"
     assert rejects["pack.over_budget"]["text"].startswith("def ")  # generated programs, cut by the budget
-    assert rejects["pack.over_budget"]["meta"]["num_tokens"] > 0
+    assert rejects["pack.over_budget"]["num_tokens"] > 0
     assert cli.main(["inspect", str(out), "--samples", "1"]) == 0
     shown = capsys.readouterr().err
     assert "phase s64" in shown and "phase s1k" in shown and "limited by" in shown and "truncated" in shown

@@ -67,9 +67,9 @@ def test_malformed_replies_and_a_server_death_reject_with_reasons_and_the_stage_
         stop_server(process)
     assert [d["id"] for d in out] == ["web/0", "web/1", "web/2"]  # every input comes back
     assert out[0]["reject"] in ("", "rephrase.fidelity_low")
-    assert out[0]["meta"]["rephrase"]["output_tokens"] > 0
+    assert out[0]["notes"]["rephrase"]["output_tokens"] > 0
     assert out[1]["reject"] == "rephrase.malformed_response"
     assert out[2]["reject"] == "rephrase.backend_error"
-    assert "after 2 tries" in out[2]["meta"]["rephrase"]["attempts"][0]["detail"]
+    assert "after 2 tries" in out[2]["notes"]["rephrase"]["attempts"][0]["detail"]
     with pytest.raises(BackendError, match="cannot reach"):
         client(url)

@@ -86,13 +86,14 @@ def test_placeholders_become_media_spans_in_order(tiny_tokenizer):
     tokens = doc["tokens"]
     spans = media_spans(tokens, ids["<|media_begin|>"], ids["<|media_end|>"])
     pads = [int((tokens[start:stop] == ids["<|media_pad|>"]).sum()) for start, stop in spans]
-    assert pads == [m["pad_tokens"] for m in doc["meta"]["media"]] == [50, 55, 1]  # 10x5 cells, 11x5 (budget 64), 1x1
+    layouts = doc["notes"]["tokenize"]["media"]
+    assert pads == [m["pad_tokens"] for m in layouts] == [50, 55, 1]  # 10x5 cells, 11x5 (budget 64), 1x1
     image_word = FastEncoder(tiny_tokenizer).encode_batch(["image"])[0].tolist()
     start = spans[0][0]
     assert tokens[start : start + len(image_word) + 2].tolist() == \
         [ids["<|media_begin|>"], *image_word, ids["<|media_content|>"]]
     assert spans[0][0] == 0 and spans[2][1] == len(tokens) - 1 and tokens[-1] == ids["<|eos|>"]
-    assert doc["meta"]["num_tokens"] == len(tokens)
+    assert doc["num_tokens"] == len(tokens)
     assert [Image.open(io.BytesIO(b)).size for b in doc["media"]] == [(280, 140), (308, 140), (28, 28)]
 
 
@@ -108,7 +109,7 @@ def test_text_between_images_encodes_as_without_images(tiny_tokenizer):
     before, after = encode(["packing ", " shards"])
     assert outside == [*before.tolist(), *after.tolist(), ids["<|eos|>"]]  # each piece encoded alone: no merge across
     assert plain["tokens"].tolist() == [*encode(["packing  shards"])[0].tolist(), ids["<|eos|>"]]
-    assert "media" not in plain["meta"]
+    assert "tokenize" not in plain["notes"]
 
 
 def test_mismatched_or_broken_media_are_rejected_with_a_reason(tiny_tokenizer):
@@ -119,7 +120,7 @@ def test_mismatched_or_broken_media_are_rejected_with_a_reason(tiny_tokenizer):
                   media_doc(f"good {MEDIA_PLACEHOLDER}", [png(28, 28)], "good")])
     assert [d["reject"] for d in docs] == ["tokenize.media_count_mismatch", "tokenize.media_count_mismatch",
                                            "tokenize.bad_image", ""]
-    assert "2 <|media|> placeholders" in docs[0]["meta"]["error"] and "media[0]" in docs[2]["meta"]["error"]
+    assert "2 <|media|> placeholders" in docs[0]["error"] and "media[0]" in docs[2]["error"]
     assert len(docs[3]["tokens"]) > 0 and all(len(d["tokens"]) == 0 for d in docs[:3])
 
 
@@ -134,8 +135,8 @@ def test_media_survive_the_ray_actor_pool(tiny_tokenizer, ray_session):
     assert len(out) == 7 and out["test/junk"]["reject"] == "tokenize.bad_image"
     for i in range(6):
         doc = out[f"test/r{i}"]
-        width = doc["meta"]["media"][0]["width"]
+        width = doc["notes"]["tokenize"]["media"][0]["width"]
         assert Image.open(io.BytesIO(doc["media"][0])).size == (width, 196)
         assert width % PATCH == 0 and width >= PATCH  # whole 28-px cells, at least one
         assert abs(width - (300 + i) * 196 / 200) < PATCH  # the source's aspect ratio, to within one cell
-        assert doc["meta"]["transforms"] == ["tokenize"] and doc["meta"]["num_tokens"] == len(doc["tokens"])
+        assert doc["transforms"] == ["tokenize"] and doc["num_tokens"] == len(doc["tokens"])

@@ -103,8 +103,8 @@ def test_every_record_is_written_or_rejected_with_the_right_reason(rendered_run)
     rejects = {json.loads(line)["source_id"].rsplit("/", 1)[-1]: json.loads(line)
                for line in (out / "rejects" / "rejects.jsonl").open()}
     assert {name: r["reject"] for name, r in rejects.items()} == {n: reason for n, (_, reason) in HOSTILE.items()}
-    assert rejects["twin.svg"]["meta"]["duplicate_of"].endswith("good0.svg")
-    assert "entity" in rejects["bomb.svg"]["meta"]["render_error"]
+    assert rejects["twin.svg"]["notes"]["render_dedup"]["duplicate_of"].endswith("good0.svg")
+    assert "entity" in rejects["bomb.svg"]["error"]
 
 
 def test_shards_hold_the_samples(rendered_run):
@@ -127,15 +127,15 @@ def test_written_documents_carry_images_placeholders_and_provenance(rendered_run
     plan = build_plan(load_recipe(out.parent / "render.yaml"))
     docs = [d for table in plan.iter_batches(batch_format="pyarrow", batch_size=None) for d in docs_from_table(table)]
     page = next(d for d in docs if d["id"].endswith("page.html"))
-    assert page["kind"] == "html" and page["meta"]["render"]["renderer"] == "chromium"
-    assert page["meta"]["path"].endswith("page.html") and page["meta"]["render"]["sizes"] == [[320, 240]]
+    assert page["kind"] == "html" and page["notes"]["render"]["renderer"] == "chromium"
+    assert page["meta"]["path"].endswith("page.html") and page["notes"]["render"]["sizes"] == [[320, 240]]
     written = [doc for doc in docs if not doc["reject"]]
     assert len(written) == len(GOOD) + 1 + 6  # the good SVGs, the page, the generated SVGs
     for doc in written:
         assert doc["text"].count(MEDIA_PLACEHOLDER) == len(doc["media"]) == 1
         assert doc["media"][0].startswith(b"\x89PNG")
-        assert doc["meta"]["transforms"] == ["render", "render_dedup", "code_image_samples", "tokenize"]
-        assert len(doc["meta"]["render"]["dhash"][0]) == 64
+        assert doc["transforms"] == ["render", "render_dedup", "code_image_samples", "tokenize"]
+        assert len(doc["notes"]["render"]["dhash"][0]) == 64
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes run under uids of their own only when started as root")

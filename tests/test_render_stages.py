@@ -77,7 +77,7 @@ def test_hash_index_finds_everything_within_the_distance_and_nothing_beyond(dist
 def rendered(doc_id: str, image: bytes, kind: str = "svg", code: str = "<svg/>") -> dict:
     doc = new_document("s", doc_id, code, kind=kind)
     doc["media"] = [image]
-    doc["meta"]["render"] = {"dhash": [f"{dhash(grayscale(image)):064x}"], "sizes": [[256, 256]]}
+    doc["notes"]["render"] = {"dhash": [f"{dhash(grayscale(image)):064x}"], "sizes": [[256, 256]]}
     return doc
 
 
@@ -89,7 +89,7 @@ def test_dedup_keeps_the_first_copy_in_stream_order_whatever_the_batching():
         stage = make_dedup(DedupConfig(stage="render_dedup"))
         fresh = [json.loads(json.dumps({**d, "media": []})) | {"media": d["media"]} for d in docs]
         out = [doc for start in range(0, 9, batch_size) for doc in stage(fresh[start : start + batch_size])]
-        outcomes.append([(d["id"], d["reject"], d["meta"].get("duplicate_of")) for d in out])
+        outcomes.append([(d["id"], d["reject"], d["notes"].get("render_dedup", {}).get("duplicate_of")) for d in out])
     assert outcomes[0] == outcomes[1] == outcomes[2]
     kept = [doc_id for doc_id, reject, _ in outcomes[0] if not reject]
     assert kept == ["s/0", "s/2"]  # s/1 is a near-copy of s/0 (shifted 1 px)
@@ -105,13 +105,13 @@ def test_dedup_refuses_more_than_one_actor():
 def test_samples_place_one_placeholder_per_image_in_both_orders():
     stage = make_samples(SamplesConfig(stage="code_image_samples", image_to_code=0.5, seed=1))
     docs = stage([rendered(str(i), png(shapes()), code=f'<svg id="{i}"/>') for i in range(200)])
-    orders = [doc["meta"]["sample"]["order"] for doc in docs]
+    orders = [doc["notes"]["code_image_samples"]["order"] for doc in docs]
     assert 70 < orders.count("image_to_code") < 130
     for doc in docs:
         assert doc["text"].count(MEDIA_PLACEHOLDER) == len(doc["media"]) == 1
         assert re.search(r"```svg\n<svg id=\"\d+\"/>\n```", doc["text"])
         first = doc["text"].index(MEDIA_PLACEHOLDER) < doc["text"].index("```")
-        assert first == (doc["meta"]["sample"]["order"] == "image_to_code")
+        assert first == (doc["notes"]["code_image_samples"]["order"] == "image_to_code")
     again = stage([rendered(str(i), png(shapes()), code=f'<svg id="{i}"/>') for i in range(200)])
     assert [d["text"] for d in again] == [d["text"] for d in docs]
 
@@ -120,7 +120,7 @@ def test_samples_label_several_views_and_reject_what_cannot_be_a_sample():
     stage = make_samples(SamplesConfig(stage="code_image_samples", image_to_code=1.0))
     page = rendered("p", png(shapes()), kind="html", code="<p>hi</p>")
     page["media"].append(png(shapes(offset=3)))
-    page["meta"]["render"]["sizes"] = [[1280, 720], [390, 844]]
+    page["notes"]["render"]["sizes"] = [[1280, 720], [390, 844]]
     text = stage([page])[0]["text"]
     assert text.startswith(f"1280x720: {MEDIA_PLACEHOLDER}\n390x844: {MEDIA_PLACEHOLDER}\n") and "```html" in text
     bare = new_document("s", "bare", "<svg/>", kind="svg")
@@ -139,7 +139,7 @@ def test_files_source_reads_kinds_folders_and_encodings(tmp_path):
     (tmp_path / "page.html").write_bytes('<meta charset="shift_jis"><p>日本語</p>'.encode("shift_jis"))
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01binary")
     svg = next(read_files(files_source(), str(tmp_path / "a.svg")))
-    assert svg["kind"] == "svg" and svg["meta"]["asset_dir"] == str(tmp_path) and svg["meta"]["path"].endswith("a.svg")
+    assert svg["kind"] == "svg" and svg["asset_dir"] == str(tmp_path) and svg["meta"]["path"].endswith("a.svg")
     page = next(read_files(files_source(), str(tmp_path / "page.html")))
     assert page["kind"] == "html" and "日本語" in page["text"] and page["meta"]["encoding"] == "shift_jis"
     assert next(read_files(files_source(), str(tmp_path / "blob.bin")))["reject"] == "read.binary_file"
@@ -154,7 +154,7 @@ def test_files_source_reads_a_manifest(tmp_path):
     docs = list(read_files(files_source(), str(tmp_path / "manifest.jsonl")))
     assert [d["reject"] for d in docs] == ["", "read.missing_file", "read.missing_text"]
     assert docs[0]["source_id"] == "icons/x.svg" and docs[0]["meta"]["manifest"] == {"license": "MIT"}
-    assert docs[0]["meta"]["asset_dir"] == str(tmp_path / "icons")
+    assert docs[0]["asset_dir"] == str(tmp_path / "icons")
 
 
 def test_generators_are_seeded_valid_and_varied():

@@ -30,9 +30,9 @@ def test_each_input_becomes_k_rewrites_in_distinct_styles_with_provenance():
     out = stage(rewrites=2, chunk_tokens=16, fidelity=LOOSE_GATE)([doc(0, EIFFEL), doc(1, WATER)])
     assert [d["id"] for d in out] == ["web/0", "web/0#rephrase1", "web/1", "web/1#rephrase1"]
     for original, extra in (out[0:2], out[2:4]):
-        assert "derived_from" not in original["meta"]  # the input itself: counted in, not created
-        assert extra["meta"]["derived_from"] == original["id"]
-        infos = [original["meta"]["rephrase"], extra["meta"]["rephrase"]]
+        assert original["derived_from"] == ""  # the input itself: counted in, not created
+        assert extra["derived_from"] == original["id"]
+        infos = [original["notes"]["rephrase"], extra["notes"]["rephrase"]]
         assert infos[0]["style"] != infos[1]["style"]  # distinct styles per document
         assert {i["model"] for i in infos} == {"SmolLM2-135M-Instruct"} and {i["backend"] for i in infos} == {"local"}
         for record, info in zip((original, extra), infos):
@@ -50,8 +50,8 @@ def test_keep_originals_passes_the_input_and_creates_every_rewrite():
     out = stage(rewrites=1, keep_originals=True, fidelity=LOOSE_GATE)([doc(0, EIFFEL)])
     assert [d["id"] for d in out] == ["web/0", "web/0#rephrase0"]
     assert out[0]["text"] == EIFFEL and not out[0]["reject"]
-    assert out[0]["meta"]["rephrase"] == {"role": "original", "rewrites": ["web/0#rephrase0"]}
-    assert out[1]["meta"]["derived_from"] == "web/0" and out[1]["meta"]["rephrase"]["rewrite"] == 0
+    assert out[0]["notes"]["rephrase"] == {"role": "original", "rewrites": ["web/0#rephrase0"]}
+    assert out[1]["derived_from"] == "web/0" and out[1]["notes"]["rephrase"]["rewrite"] == 0
 
 
 @pytest.mark.slow
@@ -60,7 +60,7 @@ def test_fidelity_gate_retries_another_style_then_rejects_with_scores():
                 "temperature": 0.0} for word in ("OK", "YES")]
     out = stage(styles=useless, rewrites=1, style_retries=1, max_new_tokens=4)([doc(0, EIFFEL)])
     assert len(out) == 1 and out[0]["reject"] == "rephrase.fidelity_low"
-    attempts = out[0]["meta"]["rephrase"]["attempts"]
+    attempts = out[0]["notes"]["rephrase"]["attempts"]
     assert sorted(a["style"] for a in attempts) == ["say_OK", "say_YES"]  # a spare style was tried
     assert all(a["scores"]["numbers"] == 0.0 and "numbers 0.0 < 1.0" in a["detail"] for a in attempts)
 
@@ -68,14 +68,14 @@ def test_fidelity_gate_retries_another_style_then_rejects_with_scores():
 def test_bad_input_is_rejected_with_reasons_before_any_generation():
     huge = "word " * 8400  # one chunk of 8,400 tokens cannot fit the 8,192-token context
     docs = [doc(0, "   "), doc(1, EIFFEL * 20), doc(2, huge), doc(3, "def f(): pass", kind="code"),
-            doc(4, EIFFEL, domain="math")]
+            doc(4, EIFFEL, meta={"domain": "math"})]
     out = stage(max_chunks=2, chunk_tokens=40)([docs[0], docs[1], docs[3], docs[4]])
     assert [d["reject"] for d in out] == ["rephrase.empty_text", "rephrase.too_long", "", "rephrase.no_style"]
-    assert out[2]["text"] == "def f(): pass" and "rephrase" not in out[2]["meta"]  # code passes untouched
+    assert out[2]["text"] == "def f(): pass" and "rephrase" not in out[2]["notes"]  # code passes untouched
     overflow = stage(chunk_tokens=9000, rewrites=1, style_retries=1)([docs[2]])
     assert overflow[0]["reject"] == "rephrase.context_overflow"
-    assert "8192-token context" in overflow[0]["meta"]["rephrase"]["attempts"][0]["detail"]
-    assert len(overflow[0]["meta"]["rephrase"]["attempts"]) == 1  # another style would not fit either
+    assert "8192-token context" in overflow[0]["notes"]["rephrase"]["attempts"][0]["detail"]
+    assert len(overflow[0]["notes"]["rephrase"]["attempts"]) == 1  # another style would not fit either
 
 
 def test_recipe_needs_a_style_library():
@@ -108,5 +108,5 @@ def test_recipe_end_to_end_on_ray_accounts_for_every_record(tmp_path, tiny_token
     rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects" / "rejects.jsonl").open()]
     for reject in rejects:
         if reject["reject"].startswith("rephrase.") and reject["reject"] != "rephrase.too_long":
-            assert reject["meta"]["rephrase"]["attempts"]  # the styles tried and their scores
+            assert reject["notes"]["rephrase"]["attempts"]  # the styles tried and their scores
     assert stats["stages"]["rephrase"]["kept"] >= 1

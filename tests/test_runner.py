@@ -140,8 +140,8 @@ def test_a_stage_error_rejects_only_the_failing_record():
     table = docs_to_table([new_document("s", str(i), text) for i, text in enumerate(["a", "boom", "c"])])
     docs = docs_from_table(apply_stage(shout, "shout", table))
     assert [(d["text"], d["reject"]) for d in docs] == [("A", ""), ("boom", "shout.error"), ("C", "")]
-    assert "cannot shout" in docs[1]["meta"]["error"]
-    assert docs[0]["meta"]["transforms"] == ["shout"] and docs[1]["meta"]["transforms"] == []
+    assert "cannot shout" in docs[1]["error"]
+    assert docs[0]["transforms"] == ["shout"] and docs[1]["transforms"] == []
 
 
 def test_a_stage_that_drops_records_silently_fails_loudly():
@@ -157,10 +157,9 @@ def test_a_late_reject_leaves_no_trace_in_the_written_figures():
     from datapipe.packing.corpus import SpillWriter
     from datapipe.pipeline.stats import RunStats
 
-    docs = [new_document("web", str(i), text, language=language)
-            for i, (text, language) in enumerate([("short é", "fr"), ("x" * 300, "en"), ("y" * 5000, "en")])]
-    for doc, num_tokens in zip(docs, (3, 40, 700)):
-        doc["tokens"] = np.arange(5, 5 + num_tokens, dtype=np.uint32)
+    docs = [new_document("web", str(i), text) for i, text in enumerate(["short é", "x" * 300, "y" * 5000])]
+    for doc, num_tokens, language in zip(docs, (3, 40, 700), ("fr", "en", "en")):
+        doc["tokens"], doc["language"] = np.arange(5, 5 + num_tokens, dtype=np.uint32), language
     stats, spill = RunStats("late"), SpillWriter(None, SpecialIds(pad=0, media_begin=1, media_end=2), ["web"])
     assert spill.add_batch(docs) == ["", "", ""]
     for doc in docs:

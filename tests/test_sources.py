@@ -168,12 +168,3 @@ def test_utf8_bom_before_the_first_record_is_skipped(tmp_path):
     docs = list(read_jsonl(source(), str(path)))
     assert [(d["reject"], d["text"]) for d in docs] == [("", "first"), ("", "second")]
 
-
-def test_columns_named_like_pipeline_meta_keys_are_kept_aside(tmp_path):
-    row = {"id": "a", "text": "a document", "language": {"code": "en"}, "bytes_in": 7, "derived_from": "x",
-           "transforms": "mine", "topic": "science"}
-    [doc] = read_jsonl(source(id_field="id"), str(write_jsonl(tmp_path / "m.jsonl", [row])))
-    meta = doc["meta"]
-    assert meta["transforms"] == [] and "language" not in meta and "bytes_in" not in meta and "derived_from" not in meta
-    assert meta["source_language"] == {"code": "en"} and meta["source_bytes_in"] == 7 and meta["topic"] == "science"
-    assert meta["source_derived_from"] == "x" and meta["source_transforms"] == "mine"

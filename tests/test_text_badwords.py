@@ -25,7 +25,7 @@ def c4_quality(lists_dir, text, language=None, **c4):
     cfg = quality.Config(stage="quality", gopher_repetition=None, gopher_quality=None, fineweb=None, c4=options)
     doc = new_document("t", "1", text)
     if language:
-        doc["meta"]["language"] = language
+        doc["language"] = language
     return quality.make_stage(cfg)([doc])[0]
 
 

@@ -59,8 +59,8 @@ def test_rejected_documents_take_no_part_in_global_dedup(ray_session, monkeypatc
            for doc in docs_from_table(table)}
     assert {k: doc["reject"] for k, doc in out.items()} == {
         "0": "quality.c4", "1": "langid.language", "2": "", "3": "", "4": "dedup.exact_duplicate", "5": ""}
-    assert out["2"]["meta"]["dedup"] == out["4"]["meta"]["dedup"] == {"cluster": "t/2", "size": 2}
-    assert not any("dedup" in out[k]["meta"] for k in "0135")  # b's near copy has no live partner
+    assert out["2"]["notes"]["dedup"] == out["4"]["notes"]["dedup"] == {"cluster": "t/2", "size": 2}
+    assert not any("dedup" in out[k]["notes"] for k in "0135")  # b's near copy has no live partner
     pair = make_stage(Config(stage="dedup"))([new_document("t", "b", b), new_document("t", "copy", near_copy(b, 1))])
     assert pair[1]["reject"] == "dedup.near_duplicate"  # ...though it is one of b when both live
 
@@ -76,7 +76,7 @@ def test_two_documents_with_one_id_get_their_own_verdicts(ray_session, monkeypat
            for doc in docs_from_table(table)]
     assert [(doc["id"], doc["reject"]) for doc in out] == [("t/first", ""), ("t/same", "dedup.exact_duplicate"),
                                                            ("t/same", "")]
-    assert "dedup" not in out[2]["meta"] and out[1]["meta"]["dedup"] == {"cluster": "t/first", "size": 2}
+    assert "dedup" not in out[2]["notes"] and out[1]["notes"]["dedup"] == {"cluster": "t/first", "size": 2}
     assert all("dedup_key" not in doc for doc in out)  # the key column goes with the verdicts
     batch = make_stage(Config(stage="dedup"))([new_document("t", "x", a), new_document("t", "x", a),
                                                new_document("t", "x", b)])
@@ -91,7 +91,7 @@ def test_planted_near_duplicates_are_found_and_distinct_texts_kept():
     rejects = {doc["source_id"]: doc for doc in out if doc["reject"]}
     assert {k for k, d in rejects.items() if d["reject"] == "dedup.near_duplicate"} == {str(80 + j) for j in range(40)}
     assert {k for k, d in rejects.items() if d["reject"] == "dedup.exact_duplicate"} == {str(120 + j) for j in range(5)}
-    assert rejects["80"]["meta"]["dedup"] == {"cluster": "t/0", "size": 3}  # + its exact copy at 120
+    assert rejects["80"]["notes"]["dedup"] == {"cluster": "t/0", "size": 3}  # + its exact copy at 120
     assert all(not doc["reject"] for doc in out[:80])
 
 
@@ -136,5 +136,5 @@ def test_cleaning_recipe_end_to_end_on_ray(tmp_path, tiny_tokenizer, ray_session
     assert rules["quality.gopher_quality"]["in"] == rules["quality.fineweb"]["kept"] == quality_in - 1
     assert stats["pii_redactions"] == {"email": 1}  # "bob@example.com" in the "mail" document
     rejects = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "rejects" / "rejects.jsonl").open())}
-    assert rejects["docs/copy-of-warc-0"]["meta"]["dedup"]["cluster"].startswith("crawl/")
-    assert rejects["docs/dup"]["meta"]["dedup"] == {"cluster": "docs/j0", "size": 2}
+    assert rejects["docs/copy-of-warc-0"]["notes"]["dedup"]["cluster"].startswith("crawl/")
+    assert rejects["docs/dup"]["notes"]["dedup"] == {"cluster": "docs/j0", "size": 2}

@@ -82,11 +82,11 @@ def test_c4_keeps_only_lines_that_end_a_sentence():
 
 def test_langid_sets_language_and_filters():
     english, german = run(langid, ARTICLE), run(langid, "Der Fluss hat die Stadt nach drei Tagen Regen überflutet.")
-    assert english["meta"]["language"] == "en" and english["meta"]["language_score"] > 0.8
-    assert german["meta"]["language"] == "de"
+    assert english["language"] == "en" and english["language_score"] > 0.8
+    assert german["language"] == "de"
     assert run(langid, "Der Fluss hat die Stadt überflutet.", languages=["en"])["reject"] == "langid.language"
     unsure = run(langid, "ok 123", min_score=0.99)  # every language kept: only the score can reject it
-    assert unsure["reject"] == "langid.low_score" and unsure["meta"]["language_score"] < 0.99
+    assert unsure["reject"] == "langid.low_score" and unsure["language_score"] < 0.99
     assert run(langid, ARTICLE, min_score=0.5)["reject"] == ""
 
 
@@ -95,7 +95,7 @@ def test_pii_is_replaced_by_typed_placeholders_and_counted():
                    "Version 1.2.3 shipped on 2024-05-01 with items 10-20.")
     assert doc["text"] == ("Write to <EMAIL_ADDRESS>, call <PHONE_NUMBER> or reach <IP_ADDRESS>. "
                            "Version 1.2.3 shipped on 2024-05-01 with items 10-20.")
-    assert doc["meta"]["pii"] == {"email": 1, "ip_address": 1, "phone_number": 1}
+    assert doc["pii"] == {"email": 1, "ip_address": 1, "phone_number": 1}
 
 
 def test_mojibake_is_repaired_only_when_asked():

@@ -6,7 +6,8 @@ media[i]'s span, `<|media_begin|>image<|media_content|>` + one `<|media_pad|>` p
 cell + `<|media_end|>`, after resizing the image to whole cells within `max_image_tokens`
 (tokenizer/image.py); the resized PNG stays in doc["media"] so it travels with the sample.
 A document whose placeholders and images do not pair up, or whose image does not decode,
-is rejected with a reason. Runs in a Ray actor pool (Config.actor): each worker loads
+is rejected with a reason (the details in doc["error"]); notes["tokenize"]["media"] describes
+each image's layout. Runs in a Ray actor pool (Config.actor): each worker loads
 the tokenizer once.
 """
 from __future__ import annotations
@@ -53,7 +54,7 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
             for image in images:
                 parts += [np.array(image_span(ids, image_word, image.num_pad_tokens), dtype=np.uint32), next(encoded)]
             doc["tokens"] = np.concatenate([*parts, suffix])
-            doc["meta"]["num_tokens"] = len(doc["tokens"])
+            doc["num_tokens"] = len(doc["tokens"])
         return docs
 
     return tokenize
@@ -73,11 +74,11 @@ def lay_out_document(doc: Document, cfg: Config) -> list:
             return reject(doc, "bad_image", f"media[{i}]: {err}")
     if images:
         doc["media"] = [image.png for image in images]
-        doc["meta"]["media"] = [image.meta() for image in images]
+        doc["notes"]["tokenize"] = {"media": [image.meta() for image in images]}
     return images
 
 
 def reject(doc: Document, reason: str, error: str) -> list:
     doc["reject"] = f"tokenize.{reason}"
-    doc["meta"]["error"] = error
+    doc["error"] = error
     return []

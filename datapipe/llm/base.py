@@ -62,7 +62,7 @@ class Completion:
     output_tokens: int = 0
     finish_reason: str = ""  # "stop" | "length" | "" on error
     error: str = ""  # "" or one of the reasons above
-    detail: str = ""  # the server's or the engine's words, for meta
+    detail: str = ""  # the server's or the engine's words, for notes["rephrase"]
 
 
 class Backend(Protocol):

@@ -12,7 +12,7 @@ Five scores per chunk, each with a bound from the recipe:
   models often echo their input, sometimes with chatter after it) is no rephrasing and teaches
   the trainer nothing new. A true paraphrase keeps a few names and phrases: ~0.0-0.5.
 `failures` names every check below its bound; the stage retries with another style, then
-rejects with `rephrase.fidelity_low` and the scores in meta.
+rejects with `rephrase.fidelity_low` and the scores in notes["rephrase"].
 """
 from __future__ import annotations
 

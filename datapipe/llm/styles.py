@@ -24,7 +24,7 @@ ENGLISH_WORDS = frozenset(["the", "a", "an", "of", "and", "or", "to", "in", "on"
 
 
 class StyleConfig(Strict):
-    name: str  # shown in provenance: meta.rephrase.style
+    name: str  # shown in provenance: notes["rephrase"]["style"]
     domain: Literal["knowledge", "math"] = "knowledge"  # which documents it may rewrite
     non_english_only: bool = False  # math translation: only for text that is mostly not English
     system: str  # the system message: who writes, for whom, what to keep

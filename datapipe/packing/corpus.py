@@ -136,7 +136,7 @@ class SpillWriter:
             self.rows[key].append(doc[key])
         self.rows["source_code"].append(self.source_codes.setdefault(doc["source"], len(self.source_codes)))
         self.rows["text_head"].append(doc["text"][:TEXT_HEAD])
-        self.rows["language"].append(doc["meta"].get("language", "unknown"))
+        self.rows["language"].append(doc["language"])
         self.rows["text_chars"].append(len(doc["text"]))
         self.rows["text_bytes"].append(len(doc["text"].encode("utf-8", "surrogatepass")))
         self.rows["num_tokens"].append(num_tokens)

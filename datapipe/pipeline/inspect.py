@@ -74,7 +74,8 @@ def load_decoder(out_dir: Path):
 
 
 def show_reject_examples(path: Path, console: Console) -> None:
-    """One example line per reject reason, so a user sees what each reason looks like."""
+    """One example line per reject reason, with its error where it has one, so a user sees what
+    each reason looks like."""
     if not path.is_file():
         return
     seen: dict[str, dict] = {}
@@ -84,4 +85,6 @@ def show_reject_examples(path: Path, console: Console) -> None:
             seen.setdefault(record["reject"], record)
     for reason, record in seen.items():
         example = escape(f"{record['source_id']}: {record['text'][:120]!r}")
+        if record.get("error"):  # late rejects (pack.*) carry no error: their reason says it all
+            example += escape(f" error: {record['error'][:200]}")
         console.print(f"[yellow]{escape(reason)}[/yellow] e.g. {example}", highlight=False)

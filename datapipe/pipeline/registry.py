@@ -34,7 +34,7 @@ SOURCES: dict[str, str] = {**FILE_READERS, **GENERATORS}
 STAGES: dict[str, str] = {
     "normalize": "datapipe.text.normalize",
     "extract": "datapipe.text.extract",  # HTML -> main text (resiliparse / trafilatura)
-    "langid": "datapipe.text.langid",  # fastText lid.176: meta language + score, filter
+    "langid": "datapipe.text.langid",  # fastText lid.176: Document.language + score, filter
     "quality": "datapipe.text.quality",  # Gopher quality + repetition, C4, FineWeb rules
     "pii": "datapipe.text.pii",  # e-mails, IPs, phone numbers -> typed placeholders
     "dedup": "datapipe.text.dedup",  # exact + MinHash-LSH, global (transform_dataset)

@@ -116,9 +116,9 @@ def reject_unused(corpus: Corpus, usage: Usage, stats: RunStats, rejects) -> Non
     while chunk := list(islice(unused, 10_000)):  # described a chunk at a time: memory stays flat
         for (row, reason), record in zip(chunk, corpus.describe([row for row, _ in chunk])):
             stats.reject_late(record, reason, int(corpus.lengths[row]))
-            meta = {"num_tokens": int(corpus.lengths[row]), "language": record.pop("language")}
             del record["text_chars"], record["text_bytes"]
-            rejects.write(json.dumps({**record, "reject": reason, "meta": meta}, ensure_ascii=False) + "\n")
+            line = {**record, "reject": reason, "num_tokens": int(corpus.lengths[row])}
+            rejects.write(json.dumps(line, ensure_ascii=False) + "\n")
     stats.stage_passed["pack"] = int((usage.uses > 0).sum())
 
 
@@ -321,9 +321,9 @@ def fresh_alive(table, name: str) -> list[Document]:
 
 
 def record_bytes_in(docs: list[Document], name: str) -> list[Document]:
-    """meta["bytes_in"][stage]: the UTF-8 size a stage saw, for per-stage byte counts in stats.json."""
+    """bytes_in[stage]: the UTF-8 size a stage saw, for per-stage byte counts in stats.json."""
     for doc in docs:
-        doc["meta"].setdefault("bytes_in", {})[name] = len(doc["text"].encode("utf-8", "surrogatepass"))
+        doc["bytes_in"][name] = len(doc["text"].encode("utf-8", "surrogatepass"))
     return docs
 
 
@@ -332,7 +332,7 @@ def run_one(stage: Callable, name: str, doc: Document) -> list[Document]:
         return stage([doc])
     except Exception as err:  # noqa: BLE001 - the error becomes the record's reject reason
         doc["reject"] = f"{name}.error"
-        doc["meta"]["error"] = f"{type(err).__name__}: {err}"[:500]
+        doc["error"] = f"{type(err).__name__}: {err}"[:500]
         return [doc]
 
 
@@ -344,5 +344,7 @@ def check_accounted(name: str, alive: list[Document], out: list[Document]) -> No
 
 
 def reject_line(doc: Document) -> str:
-    keep = {k: doc[k] for k in ("id", "source", "source_id", "kind", "reject")}
-    return json.dumps({**keep, "text": doc["text"][:2000], "meta": doc["meta"]}, ensure_ascii=False)
+    """A rejects.jsonl line: who, why, the head of the text, then every other field but media and tokens."""
+    head = {k: doc[k] for k in ("id", "source", "source_id", "kind", "reject", "error")}
+    rest = {k: v for k, v in doc.items() if k not in head and k not in ("text", "media", "tokens")}
+    return json.dumps({**head, "text": doc["text"][:2000], **rest}, ensure_ascii=False)

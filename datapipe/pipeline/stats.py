@@ -2,13 +2,14 @@
 
 Every record that leaves the plan is counted exactly once: as written (packed into a
 sample) or rejected under its reason. Records made by a stage (a rewrite, a render)
-carry meta["derived_from"] and count as created, so for every run
+carry Document.derived_from and count as created, so for every run
 records_in + created == written + rejected; `balanced` in stats.json says it held.
 
 Per stage, documents in = kept + rejected, with their UTF-8 bytes as the stage saw them
-(meta["bytes_in"], set by the runner); per reject reason (one per filter rule), the
-documents and bytes it dropped; the languages of written documents (meta["language"]);
-and histograms of text length in characters, written and rejected.
+(Document.bytes_in, set by the runner); per reject reason (one per filter rule), the
+documents and bytes it dropped; the languages of written documents (Document.language,
+"unknown" where no langid stage ran); redactions by kind (Document.pii); and histograms
+of text length in characters, written and rejected.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 from datapipe.schema import Document
 
 LENGTH_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)  # characters; x4 steps from a tweet to a book chapter
+UNKNOWN_LANGUAGE = "unknown"  # the languages entry of documents no langid stage labelled
 
 class RunStats:
     def __init__(self, recipe_name: str):
@@ -35,27 +37,27 @@ class RunStats:
         self.stage_bytes_in: Counter[str] = Counter()  # by stage: UTF-8 bytes of the records it saw
         self.stage_bytes_rejected: Counter[str] = Counter()  # by stage: bytes of the records it rejected
         self.rejected_bytes: Counter[str] = Counter()  # by reason
-        self.languages: Counter[str] = Counter()  # written records by meta["language"]
+        self.languages: Counter[str] = Counter()  # written records by Document.language
         self.lengths = {"written": Counter(), "rejected": Counter()}  # by length_bucket(len(text))
-        self.pii: Counter[str] = Counter()  # redactions by kind (meta["pii"], set by the pii stage)
+        self.pii: Counter[str] = Counter()  # redactions by kind (Document.pii, set by the pii stage)
         self.tokens = 0
         self.phases: dict[str, Any] = {}  # by curriculum phase: what it packed (curriculum.phase_stats)
         self.wall_s = 0.0
 
     def count(self, doc: Document) -> None:
-        origin = self.created if "derived_from" in doc["meta"] else self.records_in
+        origin = self.created if doc["derived_from"] else self.records_in
         origin[doc["source"]] += 1
-        self.stage_passed.update(doc["meta"].get("transforms", []))
-        bytes_in = doc["meta"].get("bytes_in", {})
-        self.stage_bytes_in.update(bytes_in)
-        self.pii.update(doc["meta"].get("pii", {}))
+        self.stage_passed.update(doc["transforms"])
+        self.stage_bytes_in.update(doc["bytes_in"])
+        self.pii.update(doc["pii"])
         if doc["reject"]:
-            size = bytes_in.get(doc["reject"].split(".", 1)[0]) or len(doc["text"].encode("utf-8", "surrogatepass"))
+            stage = doc["reject"].split(".", 1)[0]
+            size = doc["bytes_in"].get(stage) or len(doc["text"].encode("utf-8", "surrogatepass"))
             self.count_rejected(doc["reject"], size, len(doc["text"]))
         else:
             self.written[doc["source"]] += 1
             self.tokens += len(doc["tokens"])
-            self.languages[doc["meta"].get("language", "unknown")] += 1
+            self.languages[doc["language"] or UNKNOWN_LANGUAGE] += 1
             self.lengths["written"][length_bucket(len(doc["text"]))] += 1
 
     def reject_late(self, record: dict[str, Any], reason: str, num_tokens: int) -> None:
@@ -64,7 +66,7 @@ class RunStats:
         description of it (datapipe.packing.corpus.Corpus.describe: source, language, text_chars, text_bytes)."""
         self.written[record["source"]] -= 1
         self.tokens -= num_tokens
-        self.languages[record["language"]] -= 1
+        self.languages[record["language"] or UNKNOWN_LANGUAGE] -= 1
         self.lengths["written"][length_bucket(record["text_chars"])] -= 1
         self.count_rejected(reason, record["text_bytes"], record["text_chars"])
 

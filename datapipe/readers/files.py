@@ -5,8 +5,9 @@ each) or a JSONL manifest (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`) whose rows name 
 relative to the manifest's folder in the `file_field` column; one task reads the whole
 manifest, which suits folders of thousands of small files, and the row's other columns land
 in meta["manifest"]. The kind comes from the extension (`.svg` svg, `.html` html, ...), else the source's
-`kind`. meta records the file (`path`) and the folder its local assets live in
-(`asset_dir`, the file's own folder), which renderers serve and nothing outside it.
+`kind`. meta records the file (`path`, `bytes`, `encoding`); Document.asset_dir names the folder
+its local assets live in (the file's own folder), which renderers serve and nothing outside it.
+A manifest's columns never reach asset_dir: they stay in meta["manifest"].
 
 Text is decoded as UTF-8 (a BOM honoured); failing that, by the charset the file declares
 (XML `encoding=`, HTML `<meta charset>`), then cp1252, which maps every byte. A missing or
@@ -58,8 +59,7 @@ def read_manifest(cfg: Any, path: str) -> Iterator[Document]:
         if row["reject"]:
             yield row
             continue
-        columns = {k: v for k, v in row["meta"].items() if k != "transforms"}
-        yield read_file(cfg, manifest_dir / row["text"], row["text"], {"manifest": columns} if columns else {})
+        yield read_file(cfg, manifest_dir / row["text"], row["text"], {"manifest": row["meta"]} if row["meta"] else {})
 
 
 def read_file(cfg: Any, path: Path, source_id: str, extra: dict[str, Any]) -> Document:
@@ -75,8 +75,9 @@ def read_file(cfg: Any, path: Path, source_id: str, extra: dict[str, Any]) -> Do
         return new_reject(cfg.name, source_id, "read.binary_file", str(path))
     text, encoding = decode(data)
     kind = EXTENSION_KINDS.get(path.suffix.lower(), cfg.kind)
-    return new_document(cfg.name, source_id, text, kind=kind, path=str(path.resolve()),
-                        asset_dir=str(path.resolve().parent), bytes=len(data), encoding=encoding, **extra)
+    resolved = path.resolve()
+    meta = {"path": str(resolved), "bytes": len(data), "encoding": encoding, **extra}
+    return new_document(cfg.name, source_id, text, kind=kind, meta=meta, asset_dir=str(resolved.parent))
 
 
 def decode(data: bytes) -> tuple[str, str]:

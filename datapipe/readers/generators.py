@@ -18,7 +18,7 @@ def pydoc_topics(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Documen
 
     names = sorted(topics)
     for index in range(start, min(stop, len(names))):
-        yield new_document(cfg.name, names[index], topics[names[index]], kind="text", topic=names[index])
+        yield new_document(cfg.name, names[index], topics[names[index]], kind="text", meta={"topic": names[index]})
 
 
 def seeded_rngs(source: str, seed: int, start: int, stop: int) -> Iterator[tuple[int, random.Random]]:
@@ -32,7 +32,7 @@ def python_programs(cfg: Any, seed: int, start: int, stop: int) -> Iterator[Docu
     """Small, valid Python modules: functions with loops, branches, arithmetic and docstrings."""
     for index, rng in seeded_rngs(cfg.name, seed, start, stop):
         source = "\n\n".join(make_function(rng) for _ in range(rng.randint(1, 4))) + "\n"
-        yield new_document(cfg.name, str(index), source, kind="code", programming_language="python")
+        yield new_document(cfg.name, str(index), source, kind="code", meta={"programming_language": "python"})
 
 
 NOUNS = ["total", "count", "value", "price", "score", "weight", "index", "limit", "offset", "ratio"]

@@ -19,10 +19,6 @@ from datapipe.readers.compressed import CORRUPT_STREAM_ERRORS, open_binary
 from datapipe.schema import Document, new_document, new_reject
 
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only such escapes can make a lone surrogate
-# meta keys the runner and run stats read back: a row's own column of that name is kept as
-# source_<name> (a "language" dict or a "bytes_in" number crashed the stats; "derived_from"
-# made an input record count as created)
-PIPELINE_META = ("transforms", "bytes_in", "language", "derived_from", "pii", "error")
 
 
 def read_jsonl(cfg: Any, path: str) -> Iterator[Document]:
@@ -63,7 +59,8 @@ def parse_json_line(cfg: Any, line: bytes, source_id: str) -> Document:
 
 
 def document_from_row(cfg: Any, row: dict[str, Any], source_id: str) -> Document:
-    """One row of any tabular source: checks the text field, keeps the other fields as meta."""
+    """One row of any tabular source: checks the text field, keeps the other fields as meta, names
+    unchanged (the pipeline's own fields live outside meta: datapipe.schema)."""
     text = row.get(cfg.text_field)
     raw = json.dumps(row, default=str, ensure_ascii=False)
     if text is None:
@@ -74,10 +71,8 @@ def document_from_row(cfg: Any, row: dict[str, Any], source_id: str) -> Document
         return new_reject(cfg.name, source_id, "read.empty_text", raw)
     if cfg.id_field and row.get(cfg.id_field) not in (None, ""):
         source_id = str(row[cfg.id_field])
-    fields = {(f"source_{k}" if k in PIPELINE_META else k): jsonable(v) for k, v in row.items() if k != cfg.text_field}
-    doc = new_document(cfg.name, source_id, text, kind=cfg.kind)
-    doc["meta"].update(fields)  # not as keywords: a row may have a "source" or "kind" column of its own
-    return doc
+    columns = {k: jsonable(v) for k, v in row.items() if k != cfg.text_field}
+    return new_document(cfg.name, source_id, text, kind=cfg.kind, meta=columns)
 
 
 def jsonable(value: Any) -> Any:

@@ -273,7 +273,7 @@ def record_to_document(cfg: Any, path: str, record: Record) -> Document | None:
         text = record.block.decode("utf-8", "replace").strip()
         if not text:
             return new_reject(cfg.name, source_id, "read.empty_text", meta["url"])
-        return new_document(cfg.name, source_id, text, kind="text", **meta)
+        return new_document(cfg.name, source_id, text, kind="text", meta=meta)
     return page_document(cfg, source_id, record, meta)
 
 
@@ -292,13 +292,11 @@ def page_document(cfg: Any, source_id: str, record: Record, meta: dict[str, Any]
     text, meta["charset"] = decode_html(block, content_type)
     if not text.strip():
         return reject_with(cfg, source_id, "read.empty_text", meta)
-    return new_document(cfg.name, source_id, text, kind="html", **meta)
+    return new_document(cfg.name, source_id, text, kind="html", meta=meta)
 
 
 def reject_with(cfg: Any, source_id: str, reason: str, meta: dict[str, Any]) -> Document:
-    doc = new_reject(cfg.name, source_id, reason, meta.get("url", ""))
-    doc["meta"].update(meta)
-    return doc
+    return new_reject(cfg.name, source_id, reason, meta.get("url", ""), meta=meta)
 
 
 def is_html(content_type: str, body: bytes) -> bool:
@@ -385,4 +383,4 @@ def read_html(cfg: Any, path: str) -> Iterator[Document]:
     if not text.strip():
         yield new_reject(cfg.name, path, "read.empty_text")
         return
-    yield new_document(cfg.name, path, text, kind="html", charset=charset)
+    yield new_document(cfg.name, path, text, kind="html", meta={"charset": charset})

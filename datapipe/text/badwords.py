@@ -4,7 +4,7 @@ C4 (Raffel et al. 2020) dropped every English page holding an entry of the "List
 Dirty, Naughty, Obscene or Otherwise Bad Words", matched on the lowercased text between
 non-word characters; datatrove's C4BadWordsFilter extends it to the lists' other
 languages and matches Chinese, Japanese and Thai entries anywhere (no spaces between
-words there). We do the same, choosing the list by meta["language"] (langid's), or
+words there). We do the same, choosing the list by Document.language (langid's), or
 `default_language` when no stage set one; a language without a list is not checked.
 
 The lists (CC-BY-4.0) are not part of this project: `make install` fetches the LDNOOBW

@@ -12,7 +12,7 @@ A global stage: the runner hands it the whole dataset (`transform_dataset`). It
    sharing an exact hash, or any band key, are joined (union-find over the sorted keys),
 4. maps the verdicts back: in each cluster the earliest document in dataset order
    survives; the others are rejected as dedup.exact_duplicate or dedup.near_duplicate.
-   Every member of a cluster gets meta["dedup"] = {"cluster": survivor id, "size": n}.
+   Every member of a cluster gets notes["dedup"] = {"cluster": survivor id, "size": n}.
 Verdicts travel by a random 128-bit key per record (a column added before step 1 and
 dropped with the verdicts), not by document id: ids come from a source's id_field when
 it has one, and two rows with one id would otherwise share one verdict (a unique text
@@ -216,6 +216,6 @@ class Verdicts:
 
 
 def judge(doc: Document, reason: str, survivor: str, size: int) -> None:
-    doc["meta"]["dedup"] = {"cluster": survivor, "size": size}
+    doc["notes"]["dedup"] = {"cluster": survivor, "size": size}
     if reason:
         doc["reject"] = f"dedup.{reason}"

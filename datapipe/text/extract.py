@@ -42,7 +42,7 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
                 continue
             text, used = extract(doc["text"], cfg)
             doc["text"], doc["kind"] = text, "text"
-            doc["meta"]["extractor"] = used
+            doc["notes"]["extract"] = {"extractor": used}
             if len(text.strip()) < cfg.min_chars:
                 doc["reject"] = "extract.empty"
         return docs

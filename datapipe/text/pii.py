@@ -5,7 +5,7 @@ local@domain.tld; an IPv4 address has four 0-255 parts (version strings such as
 "1.2.3" have three); an IPv6 address has at least three ":"-separated hex groups
 around a "::" or eight groups; a phone number is 9 to 15 digits with the usual
 separators, an optional "+country" and "(area)", and is not a date or a number
-range. The counts go to meta["pii"] (only kinds found); nothing is rejected.
+range. The counts go to Document.pii (only kinds found); nothing is rejected.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
         for doc in docs:
             doc["text"], counts = redact(doc["text"], cfg)
             if counts:
-                doc["meta"]["pii"] = counts
+                doc["pii"] = counts
         return docs
 
     return redact_docs

@@ -32,7 +32,7 @@ class Config(StageConfig):
 def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
     def quality(docs: list[Document]) -> list[Document]:
         for doc in docs:
-            failed, doc["text"] = first_failure(doc["text"], cfg, doc["meta"].get("language"))
+            failed, doc["text"] = first_failure(doc["text"], cfg, doc["language"])
             if failed:
                 doc["reject"] = f"quality.{failed}"
         return docs
@@ -42,7 +42,7 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
 
 def first_failure(text: str, cfg: Config, language: str | None = None) -> tuple[str, str]:
     """("group.rule", text) for the first rule that fails, ("", text as C4 left it) if none.
-    `language` (meta["language"]) picks C4's bad-words list."""
+    `language` (Document.language, "" when no langid stage ran) picks C4's bad-words list."""
     words = split_words(text)
     if cfg.gopher_repetition and (rule := check_repetition(text, words, cfg.gopher_repetition)):
         return f"gopher_repetition.{rule}", text

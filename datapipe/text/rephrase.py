@@ -8,8 +8,8 @@ rewrite is rejected with the reason and its scores. The stage runs in a Ray acto
 keeps the model (or the HTTP client) warm, and batches all chunks of a batch into one round.
 
 Accounting: with keep_originals=false the original record becomes its first rewrite (same id,
-text replaced, provenance in meta.rephrase) and rewrites 2..K are new records with
-meta.derived_from; so each input ends written or rejected, and each extra rewrite counts as
+text replaced, provenance in notes["rephrase"]) and rewrites 2..K are new records whose
+derived_from names the original; so each input ends written or rejected, and each extra rewrite counts as
 created. With keep_originals=true the original passes unchanged and all K rewrites are created.
 """
 from __future__ import annotations
@@ -124,13 +124,13 @@ def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list
     if plan.untouched:
         return [doc]
     if plan.skip:
-        doc["meta"]["rephrase"] = {"skipped": plan.skip}
+        doc["notes"]["rephrase"] = {"skipped": plan.skip}
         if plan.skip == "empty_text" or not cfg.keep_originals:
             doc["reject"] = f"rephrase.{plan.skip}"
         return [doc]
     created = [derived_record(doc, i) for i in range(1 if not cfg.keep_originals else 0, len(plan.slots))]
     if cfg.keep_originals:
-        doc["meta"]["rephrase"] = {"role": "original", "rewrites": [r["id"] for r in created]}
+        doc["notes"]["rephrase"] = {"role": "original", "rewrites": [r["id"] for r in created]}
         targets = created
     else:
         targets = [doc] + created
@@ -142,12 +142,12 @@ def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list
 def derived_record(doc: Document, index: int) -> Document:
     record = copy.deepcopy({**doc, "tokens": [], "media": []})
     record["id"] = f"{doc['id']}#rephrase{index}"
-    record["meta"]["derived_from"] = doc["id"]
+    record["derived_from"] = doc["id"]
     return record
 
 
 def apply_slot(record: Document, slot: Slot, index: int, source_id: str, provenance: dict) -> None:
-    record["meta"]["rephrase"] = {
+    record["notes"]["rephrase"] = {
         "source_id": source_id, "rewrite": index, "style": slot.style.name, **provenance,
         "chunks": len(slot.chunks), "fidelity": slot.scores, "attempts": slot.attempts,
         "output_tokens": slot.output_tokens,
