@@ -55,6 +55,9 @@ class Document(TypedDict):
     pii: dict[str, int]  # redactions by kind ("email": 2), kinds found only; {} until the pii stage
     num_tokens: int  # len(tokens); 0 until the tokenize stage
     asset_dir: str  # "" or the one folder whose files a renderer may read for it (set by the files reader)
+    partition: int  # the input partition it came from (a file or generator range), numbered in the run's plan
+    position: int  # its place in that partition: record index << 12 | n for the n-th record a stage derived from
+    # it; (partition, position) orders a run's records whatever the cluster did (set by the runner)
     meta: dict[str, Any]  # the source's own columns, or what the reader records of the origin (url, path)
     notes: dict[str, Any]  # stage name -> what that stage recorded of its work (see the module docstring)
 
@@ -103,6 +106,8 @@ def arrow_schema():
         ("pii", counts),
         ("num_tokens", pa.int64()),
         ("asset_dir", pa.string()),
+        ("partition", pa.int32()),
+        ("position", pa.int64()),
         ("meta", pa.large_string()),
         ("notes", pa.large_string()),
     ])
@@ -129,6 +134,8 @@ def new_document(source: str, source_id: str, text: str, kind: str = "text", met
         "pii": {},
         "num_tokens": 0,
         "asset_dir": asset_dir,
+        "partition": 0,
+        "position": 0,
         "meta": dict(meta or {}),
         "notes": {},
     }

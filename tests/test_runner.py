@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from datapipe import cli, stream
-from datapipe.pipeline.runner import apply_stage
+from datapipe.pipeline.apply import apply_stage
 from datapipe.schema import docs_from_table, docs_to_table, new_document
 from datapipe.text.normalize import Config as NormalizeConfig
 from datapipe.text.normalize import make_stage as make_normalize

@@ -12,8 +12,8 @@ from PIL import Image
 
 from datapipe import cli
 from datapipe.pipeline import registry
+from datapipe.pipeline.apply import reject_line
 from datapipe.pipeline.recipe import RecipeError, TabularSource, load_recipe
-from datapipe.pipeline.runner import reject_line
 from datapipe.readers.files import EXTENSION_KINDS
 from datapipe.readers.warc import read_warc
 from datapipe.schema import (

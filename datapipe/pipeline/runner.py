@@ -16,7 +16,7 @@ import os
 import shutil
 import socket
 import time
-from functools import lru_cache, partial
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -29,12 +29,13 @@ from datapipe.packing.corpus import Corpus, SpillWriter
 from datapipe.packing.curriculum import CurriculumPhase, Usage, pack_phase, phase_stats
 from datapipe.packing.writer import ShardWriter, write_run_manifest
 from datapipe.pipeline import registry
+from datapipe.pipeline.apply import apply_stage, cached_stage, reject_line
 from datapipe.pipeline.check import check_recipe
 from datapipe.pipeline.inputs import read_work_item, work_items
 from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError, SourceConfig
 from datapipe.pipeline.report import make_progress, update_progress
 from datapipe.pipeline.stats import RunStats
-from datapipe.schema import Document, docs_from_table, docs_to_table, mark_transform
+from datapipe.schema import Document, docs_from_table, docs_to_table
 from datapipe.shardformat import MANIFEST, RUN_MANIFEST
 from datapipe.stage import StageConfig
 
@@ -292,59 +293,3 @@ def run_stage_task(table, cfg: StageConfig):
     return apply_stage(cached_stage(cfg.stage, cfg.model_dump_json()), cfg.stage, table)
 
 
-@lru_cache(maxsize=32)
-def cached_stage(name: str, cfg_json: str) -> Callable:
-    module = registry.stage_module(name)
-    return module.make_stage(module.Config.model_validate_json(cfg_json))
-
-
-def apply_stage(stage: Callable, name: str, table):
-    """Run a stage on the live documents of a batch; rejected ones pass by untouched."""
-    docs = docs_from_table(table)
-    dead = [doc for doc in docs if doc["reject"]]
-    alive = [doc for doc in docs if not doc["reject"]]
-    record_bytes_in(alive, name)
-    try:
-        out = stage(alive) if alive else []
-    except Exception:  # noqa: BLE001 - one bad record must not fail the batch: retry one by one
-        out = [kept for doc in fresh_alive(table, name) for kept in run_one(stage, name, doc)]
-    check_accounted(name, alive, out)
-    for doc in out:
-        if not doc["reject"]:
-            mark_transform(doc, name)
-    return docs_to_table(out + dead)
-
-
-def fresh_alive(table, name: str) -> list[Document]:
-    """The live documents of a batch again, unchanged by a stage that failed half-way."""
-    return record_bytes_in([doc for doc in docs_from_table(table) if not doc["reject"]], name)
-
-
-def record_bytes_in(docs: list[Document], name: str) -> list[Document]:
-    """bytes_in[stage]: the UTF-8 size a stage saw, for per-stage byte counts in stats.json."""
-    for doc in docs:
-        doc["bytes_in"][name] = len(doc["text"].encode("utf-8", "surrogatepass"))
-    return docs
-
-
-def run_one(stage: Callable, name: str, doc: Document) -> list[Document]:
-    try:
-        return stage([doc])
-    except Exception as err:  # noqa: BLE001 - the error becomes the record's reject reason
-        doc["reject"] = f"{name}.error"
-        doc["error"] = f"{type(err).__name__}: {err}"[:500]
-        return [doc]
-
-
-def check_accounted(name: str, alive: list[Document], out: list[Document]) -> None:
-    missing = {doc["id"] for doc in alive} - {doc["id"] for doc in out}
-    if missing:
-        raise RuntimeError(f"stage {name!r} dropped {len(missing)} records without a reject reason "
-                           f"(for example {sorted(missing)[0]}); a stage sets doc['reject'] instead of dropping")
-
-
-def reject_line(doc: Document) -> str:
-    """A rejects.jsonl line: who, why, the head of the text, then every other field but media and tokens."""
-    head = {k: doc[k] for k in ("id", "source", "source_id", "kind", "reject", "error")}
-    rest = {k: v for k, v in doc.items() if k not in head and k not in ("text", "media", "tokens")}
-    return json.dumps({**head, "text": doc["text"][:2000], **rest}, ensure_ascii=False)
