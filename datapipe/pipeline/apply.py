@@ -20,6 +20,7 @@ def cached_stage(name: str, cfg_json: str) -> Callable:
     module = registry.stage_module(name)
     return module.make_stage(module.Config.model_validate_json(cfg_json))
 
+
 def apply_stage(stage: Callable, name: str, table):
     """Run a stage on the live documents of a batch; rejected ones pass by untouched."""
     docs = docs_from_table(table)
@@ -36,15 +37,18 @@ def apply_stage(stage: Callable, name: str, table):
             mark_transform(doc, name)
     return docs_to_table(out + dead)
 
+
 def fresh_alive(table, name: str) -> list[Document]:
     """The live documents of a batch again, unchanged by a stage that failed half-way."""
     return record_bytes_in([doc for doc in docs_from_table(table) if not doc["reject"]], name)
+
 
 def record_bytes_in(docs: list[Document], name: str) -> list[Document]:
     """bytes_in[stage]: the UTF-8 size a stage saw, for per-stage byte counts in stats.json."""
     for doc in docs:
         doc["bytes_in"][name] = len(doc["text"].encode("utf-8", "surrogatepass"))
     return docs
+
 
 def run_one(stage: Callable, name: str, doc: Document) -> list[Document]:
     try:
@@ -54,11 +58,13 @@ def run_one(stage: Callable, name: str, doc: Document) -> list[Document]:
         doc["error"] = f"{type(err).__name__}: {err}"[:500]
         return [doc]
 
+
 def check_accounted(name: str, alive: list[Document], out: list[Document]) -> None:
     missing = {doc["id"] for doc in alive} - {doc["id"] for doc in out}
     if missing:
         raise RuntimeError(f"stage {name!r} dropped {len(missing)} records without a reject reason "
                            f"(for example {sorted(missing)[0]}); a stage sets doc['reject'] instead of dropping")
+
 
 def reject_line(doc: Document) -> str:
     """A rejects.jsonl line: who, why, the head of the text, then every other field but media and tokens."""

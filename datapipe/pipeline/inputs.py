@@ -12,6 +12,7 @@ from datapipe.schema import Document
 
 GENERATOR_CHUNK = 500  # generator indices per work item (one Ray task each)
 
+
 def work_items(recipe: Any, source: Any) -> list[dict[str, Any]]:
     """Files for readers (globs and folders expanded), index ranges for generators."""
     if source.type in registry.GENERATORS:
@@ -24,6 +25,7 @@ def work_items(recipe: Any, source: Any) -> list[dict[str, Any]]:
                           f"(relative ones start at the recipe's folder, {recipe.base_dir})")
     return [{"path": f, "start": 0, "stop": 0} for f in files]
 
+
 def expand_path(path: Path) -> list[str]:
     if any(ch in str(path) for ch in "*?["):
         # a pattern that matches nothing is read as a missing file: a reject that names it, not a silent skip
@@ -32,11 +34,13 @@ def expand_path(path: Path) -> list[str]:
         return sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
     return [str(path)]  # a missing file becomes a reject at read time, not a silent skip
 
+
 def read_work_item(source: Any, seed: int, item: dict[str, Any]) -> Iterator[Document]:
     reader = registry.load(registry.SOURCES[source.type])
     if source.type in registry.GENERATORS:
         return reader(source, seed, item["start"], item["stop"])
     return reader(source, item["path"])
+
 
 def iter_recipe_documents(recipe: Any) -> Iterator[Document]:
     """Every document of a recipe's sources, read in this process (no Ray), limits applied."""

@@ -24,6 +24,7 @@ from datapipe.schema import Document
 LENGTH_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)  # characters; x4 steps from a tweet to a book chapter
 UNKNOWN_LANGUAGE = "unknown"  # the languages entry of documents no langid stage labelled
 
+
 class RunStats:
     def __init__(self, recipe_name: str):
         self.recipe_name = recipe_name
@@ -143,6 +144,7 @@ class RunStats:
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2))
 
+
 def length_bucket(n_chars: int) -> str:
     """A histogram label: "<64", "64-256", ..., ">=262144" characters."""
     lower = 0
@@ -151,6 +153,7 @@ def length_bucket(n_chars: int) -> str:
             return f"<{upper}" if lower == 0 else f"{lower}-{upper}"
         lower = upper
     return f">={lower}"
+
 
 def ordered_buckets(counts: Counter) -> dict[str, int]:
     labels = [length_bucket(0)] + [length_bucket(edge) for edge in LENGTH_BUCKETS]

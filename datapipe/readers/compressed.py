@@ -13,6 +13,7 @@ import zstandard
 # truncated member is an EOFError); anything else is a bug and surfaces.
 CORRUPT_STREAM_ERRORS = (EOFError, OSError, zlib.error, zstandard.ZstdError)
 
+
 def open_binary(path: Path) -> BinaryIO:
     """Open plain, gzip or zstd files by extension, streaming."""
     if path.suffix == ".gz":
@@ -20,6 +21,7 @@ def open_binary(path: Path) -> BinaryIO:
     if path.suffix in (".zst", ".zstd"):
         return io.BufferedReader(ZstdFrames(open(path, "rb")))
     return open(path, "rb")
+
 
 class ZstdFrames(io.RawIOBase):
     """Decompresses every zstd frame of a file in turn; a frame cut short raises ZstdError.
