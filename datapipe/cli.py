@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]: finished shards are kept; unfinished ones are .tmp files. "
-                      "Run the same command again to start over: it clears this run's output first")
+        console.print("[yellow]interrupted[/yellow]: what was committed is kept; run the same command again to "
+                      "resume (it does only the missing work), or add --restart to start over")
         return 130
 
 
@@ -39,10 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run a recipe: sources -> stages -> packed shards")
     run.add_argument("recipe", help="a recipe YAML file, e.g. recipes/demo.yaml")
-    run.add_argument("--out", type=Path, help="output folder (default: out/<recipe name>)")
+    run.add_argument("--out", help="output folder: a path or any fsspec URL, e.g. s3://bucket/run (default: out/<name>)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a recipe field, e.g. --set phases.main.seq_len=4096 (repeatable)")
     run.add_argument("--ray-address", help="join this Ray cluster (default: RAY_ADDRESS, else local Ray)")
+    run.add_argument("--restart", action="store_true",
+                     help="start over instead of resuming; a finished run in --out is replaced once the new one is done")
     run.set_defaults(handler=cmd_run)
 
     inspect = commands.add_parser("inspect", help="summarize a run's output folder")
@@ -73,12 +75,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from datapipe.pipeline.runner import run_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    out = args.out or Path("out") / recipe.name
-    stats = run_recipe(recipe, out, args.ray_address, console)
+    out = args.out or str(Path("out") / recipe.name)
+    stats = run_recipe(recipe, out, args.ray_address, console, restart=args.restart)
     console.print(summary_table(stats, f"{recipe.name} -> {out}"))
     if not stats["balanced"]:
         console.print(f"[red]error:[/red] the accounting does not balance (records in + created != written + "
-                      f"rejected): a stage lost or duplicated records. {out / 'stats.json'} has the counts per "
+                      f"rejected): a stage lost or duplicated records. {out}/stats.json has the counts per "
                       "stage; the shards are written but do not trust them until the stage is fixed", highlight=False)
         return 1
     return 0

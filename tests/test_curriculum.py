@@ -23,6 +23,7 @@ from datapipe.packing.curriculum import (
     select_phase,
     source_stats,
 )
+from datapipe.pipeline.inspect import read_rejects
 from datapipe.pipeline.recipe import RecipeError, load_recipe
 from datapipe.schema import new_document
 from tests.conftest import WORDS, tiny_recipe, write_jsonl
@@ -92,7 +93,7 @@ def test_no_budget_takes_every_document_once():
     corpus = two_sources()
     selection = select_phase(CurriculumPhase(seq_len=128), corpus, 0)
     assert sorted(selection.docs.tolist()) == list(range(len(corpus.ids)))
-    assert (selection.outcome == USED).all() and selection.limited_by == ""
+    assert (selection.outcome == USED).all() and selection.targets.limited_by == ""
 
 
 def test_mixture_gives_each_source_its_share_of_the_budget():
@@ -111,14 +112,14 @@ def test_a_scarce_source_caps_the_budget_so_the_mixture_holds():
     assert web_supply < corpus.lengths[corpus.source == 1].sum()
     selection = select_phase(CurriculumPhase(seq_len=256, tokens="1B", mixture={"web": 1, "books": 1}), corpus, 0)
     got = tokens_by_source(corpus, selection)
-    assert selection.limited_by == "web" and selection.budget == pytest.approx(2 * web_supply)
+    assert selection.targets.limited_by == "web" and selection.targets.budget == pytest.approx(2 * web_supply)
     assert got["web"] == web_supply and abs(got["books"] - web_supply) <= int(corpus.lengths.max())
 
 
 def test_a_mixture_source_with_no_documents_empties_the_stage_and_says_why():
     corpus = corpus_from_documents(make_docs(10, 100, media_every=0), IDS, ["web", "empty"])
     selection = select_phase(CurriculumPhase(mixture={"web": 1, "empty": 1}), corpus, 0)
-    assert selection.limited_by == "empty" and selection.budget == 0 and len(selection.docs) == 0
+    assert selection.targets.limited_by == "empty" and selection.targets.budget == 0 and len(selection.docs) == 0
     assert (selection.outcome == OVER_BUDGET).all()
 
 
@@ -240,7 +241,7 @@ def test_run_accounts_for_every_document_once(curriculum_run):
     assert stats["balanced"] is True
     assert sum(stats["records_in"].values()) == 68 + 20
     written = {doc_id for phase in ("s64", "s256", "s1k") for s in read_shards(out / phase) for doc_id in s["doc_ids"]}
-    rejects = [json.loads(line) for line in (out / "rejects" / "rejects.jsonl").open()]
+    rejects = list(read_rejects(out))
     assert sum(stats["written"].values()) == len(written) and len(rejects) == sum(stats["rejected"].values())
     assert written.isdisjoint(r["id"] for r in rejects) and len(written) + len(rejects) == 88
     assert stats["rejected"]["tokenize.media_count_mismatch"] == 1
@@ -289,7 +290,7 @@ def test_upsampling_on_ray_repeats_exactly_the_long_documents(curriculum_run):
 @pytest.mark.slow
 def test_rejects_file_and_inspect_show_the_curriculum(curriculum_run, capsys):
     out, _ = curriculum_run
-    rejects = {r["reject"]: r for r in map(json.loads, (out / "rejects" / "rejects.jsonl").open())}
+    rejects = {r["reject"]: r for r in read_rejects(out)}
     assert rejects["tokenize.media_count_mismatch"]["source_id"] == "orphan_placeholder"
     assert rejects["pack.over_budget"]["text"].startswith("def ")  # generated programs, cut by the budget
     assert rejects["pack.over_budget"]["num_tokens"] > 0

@@ -16,10 +16,18 @@ from datapipe.packing.bfd import (
     pack_pieces,
     split_pieces,
 )
-from datapipe.packing.corpus import SpillWriter, corpus_from_documents, open_spill
+from datapipe.packing.corpus import (
+    corpus_from_documents,
+    corpus_from_tables,
+    pack_reasons,
+    piece_table,
+    read_piece,
+    write_piece,
+)
 from datapipe.packing.curriculum import CurriculumPhase, pack_phase
 from datapipe.packing.writer import ShardWriter
 from datapipe.schema import new_document
+from datapipe.storage import Store
 from tokenizer.bpe import special_token_ids
 
 SPECIAL = special_token_ids("demo")  # the bundled tokenizer's ids: tests do not hard-code them either
@@ -231,13 +239,17 @@ def test_a_long_document_is_cut_before_a_span_that_crosses_seq_len():
     assert holder["images"] == [png(3)] and len(holder["media_spans"]) == 1
 
 
-def test_spilled_corpus_packs_like_the_in_memory_one_and_round_trips_through_shards(tmp_path):
+def test_committed_pieces_pack_like_the_in_memory_corpus_and_round_trip_through_shards(tmp_path):
+    """Pieces written out of order (as workers commit blocks) read back in run order."""
     docs = make_docs(8, 300, media_every=4)
-    spill = SpillWriter(tmp_path / "spill", IDS, ["web"])
-    assert all(spill.add(doc) == "" for doc in docs)
-    spilled = spill.finish()
-    assert isinstance(spilled.tokens, np.memmap)
-    reopened = open_spill(tmp_path / "spill")
+    for position, doc in enumerate(docs):
+        doc["partition"], doc["position"] = position // 100, position % 100 << 12
+    store = Store(tmp_path / "parts")
+    for k, start in enumerate((200, 0, 100)):
+        chunk = docs[start : start + 100]
+        write_piece(store, f"piece-{k}.arrow", piece_table(chunk, pack_reasons(chunk, IDS)))
+    reopened = corpus_from_tables([read_piece(store, f"piece-{k}.arrow") for k in range(3)], ["web"])
+    assert reopened.ids == [doc["id"] for doc in docs]
     samples = list(pack_phase(CurriculumPhase(seq_len=SEQ_LEN), reopened, 0, IDS)[2])
     in_memory = pack(docs)[0]
     assert [s["doc_ids"] for s in samples] == [s["doc_ids"] for s in in_memory]
@@ -267,12 +279,13 @@ def test_plain_webdataset_sees_images_as_numbered_png_members(tmp_path):
     assert Image.open(io.BytesIO(back[0]["0.png"])).size == (2, 2)
 
 
-def test_unbalanced_or_mismatched_media_is_a_reject_reason(tmp_path):
-    spill = SpillWriter(tmp_path / "spill", IDS)
+def test_unbalanced_or_mismatched_media_is_a_reject_reason():
     doc = new_document("web", "1", "x")
     doc["tokens"] = np.array([FIRST_PLAIN, IDS.media_begin, FIRST_PLAIN], dtype=np.uint32)
-    assert spill.add(doc) == "pack.unbalanced_media"
+    assert pack_reasons([doc], IDS) == ["pack.unbalanced_media"]
     doc["tokens"] = np.array([IDS.media_begin, FIRST_PLAIN, IDS.media_end], dtype=np.uint32)
-    assert spill.add(doc) == "pack.media_mismatch"  # a span without its image
+    assert pack_reasons([doc], IDS) == ["pack.media_mismatch"]  # a span without its image
     doc["media"] = [png(1)]
-    assert spill.add(doc) == ""
+    assert pack_reasons([doc], IDS)[0].tolist() == [[0, 3]]
+    doc["tokens"], doc["media"] = np.zeros(0, np.uint32), []
+    assert pack_reasons([doc], IDS) == ["pack.no_tokens"]

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from datapipe import cli, stream
+from datapipe.pipeline.inspect import read_rejects
 from datapipe.schema import MEDIA_PLACEHOLDER
 from renderers.sandbox import UID_BASE, processes_of
 from tests.test_render_svg import SVG, billion_laughs
@@ -101,7 +102,7 @@ def test_every_record_is_written_or_rejected_with_the_right_reason(rendered_run)
     assert stats["records_in"] == {"site": len(GOOD) + len(HOSTILE) + 1, "gen": 6}
     assert stats["written"] == {"site": len(GOOD) + 1, "gen": 6}
     rejects = {json.loads(line)["source_id"].rsplit("/", 1)[-1]: json.loads(line)
-               for line in (out / "rejects" / "rejects.jsonl").open()}
+               for line in read_rejects(out)}
     assert {name: r["reject"] for name, r in rejects.items()} == {n: reason for n, (_, reason) in HOSTILE.items()}
     assert rejects["twin.svg"]["notes"]["render_dedup"]["duplicate_of"].endswith("good0.svg")
     assert "entity" in rejects["bomb.svg"]["error"]

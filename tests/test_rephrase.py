@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from datapipe import cli
+from datapipe.pipeline.inspect import read_rejects
 from datapipe.schema import new_document
 from datapipe.text.rephrase import Config, make_stage
 from tests.conftest import write_jsonl
@@ -105,7 +106,7 @@ def test_recipe_end_to_end_on_ray_accounts_for_every_record(tmp_path, tiny_token
     assert sum(stats["written"].values()) + sum(stats["rejected"].values()) == 6
     assert stats["rejected"].get("rephrase.too_long") == 1 and stats["rejected"].get("read.bad_json") == 1
     assert set(stats["rejected"]) <= REASONS | {"rephrase.too_long", "read.bad_json"}
-    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects" / "rejects.jsonl").open()]
+    rejects = list(read_rejects(tmp_path / "out"))
     for reject in rejects:
         if reject["reject"].startswith("rephrase.") and reject["reject"] != "rephrase.too_long":
             assert reject["notes"]["rephrase"]["attempts"]  # the styles tried and their scores

@@ -10,6 +10,7 @@ import pytest
 
 from datapipe import cli, stream
 from datapipe.pipeline.apply import apply_stage
+from datapipe.pipeline.inspect import read_rejects
 from datapipe.schema import docs_from_table, docs_to_table, new_document
 from datapipe.text.normalize import Config as NormalizeConfig
 from datapipe.text.normalize import make_stage as make_normalize
@@ -54,7 +55,7 @@ def test_records_in_equal_written_plus_rejected(finished_run):
 
 
 def test_rejects_file_names_source_position_and_reason(finished_run):
-    rejects = [json.loads(line) for line in (finished_run / "rejects" / "rejects.jsonl").open()]
+    rejects = list(read_rejects(finished_run))
     by_reason = {r["reject"]: r for r in rejects}
     assert len(rejects) == 5
     assert by_reason["read.bad_json"]["source_id"].endswith("mixed.jsonl:21")

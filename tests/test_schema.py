@@ -13,6 +13,7 @@ from PIL import Image
 from datapipe import cli
 from datapipe.pipeline import registry
 from datapipe.pipeline.apply import reject_line
+from datapipe.pipeline.inspect import read_rejects
 from datapipe.pipeline.recipe import RecipeError, TabularSource, load_recipe
 from datapipe.readers.files import EXTENSION_KINDS
 from datapipe.readers.warc import read_warc
@@ -173,7 +174,7 @@ def hostile_run(tmp_path_factory, tiny_tokenizer, ray_session):
     }
     (tmp / "hostile.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     assert cli.main(["run", str(tmp / "hostile.yaml"), "--out", str(tmp / "out")]) == 0
-    rejects = [json.loads(line) for line in (tmp / "out" / "rejects" / "rejects.jsonl").open()]
+    rejects = list(read_rejects(tmp / "out"))
     return json.loads((tmp / "out" / "stats.json").read_text()), rejects, hostile, tmp / "out"
 
 

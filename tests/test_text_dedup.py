@@ -8,6 +8,7 @@ import numpy as np
 import yaml
 
 from datapipe import cli
+from datapipe.pipeline.inspect import read_rejects
 from datapipe.pipeline.runner import add_stage
 from datapipe.schema import docs_from_table, docs_to_table, new_document
 from datapipe.text.dedup import Config, find_clusters, make_stage
@@ -135,6 +136,6 @@ def test_cleaning_recipe_end_to_end_on_ray(tmp_path, tiny_tokenizer, ray_session
     assert rules["quality.gopher_repetition"] == {**rules["quality.gopher_repetition"], "in": quality_in, "dropped": 1}
     assert rules["quality.gopher_quality"]["in"] == rules["quality.fineweb"]["kept"] == quality_in - 1
     assert stats["pii_redactions"] == {"email": 1}  # "bob@example.com" in the "mail" document
-    rejects = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "rejects" / "rejects.jsonl").open())}
+    rejects = {r["id"]: r for r in read_rejects(tmp_path / "out")}
     assert rejects["docs/copy-of-warc-0"]["notes"]["dedup"]["cluster"].startswith("crawl/")
     assert rejects["docs/dup"]["notes"]["dedup"] == {"cluster": "docs/j0", "size": 2}

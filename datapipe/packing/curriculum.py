@@ -19,7 +19,6 @@ with the reason of the phase that came closest to using it (Usage).
 from __future__ import annotations
 
 import re
-import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,9 +59,10 @@ class CurriculumPhase(BaseModel):
     mixture: dict[str, float] = {}  # weight per source name; {} = every source in its natural proportion
     upsample_long: Upsample | None = None  # repeat long documents (long-context phases)
     long_docs: Literal["split", "truncate", "drop"] = "split"  # documents longer than seq_len
-    window: int | None = Field(None, ge=1)  # pieces per best-fit window; None = the whole phase (best fill)
+    window: int | None = Field(None, ge=1)  # pieces per best-fit window; None = the whole group (best fill)
+    group_tokens: int | None = Field(None, ge=1)  # tokens a packing task packs; None: 2,048 sequences, at most 512M
 
-    @field_validator("tokens", mode="before")
+    @field_validator("tokens", "group_tokens", mode="before")
     @classmethod
     def _parse_budget(cls, value: Any) -> Any:
         match = re.fullmatch(r"\s*([\d.]+(?:e\d+)?)\s*([KMBGT]?)\s*", value, re.I) if isinstance(value, str) else None
@@ -97,37 +97,91 @@ def phase_problems(phases: list[CurriculumPhase], source_names: list[str]) -> li
     return problems
 
 
+@dataclass(frozen=True)
+class Targets:
+    """A phase's budget over the whole corpus, from every partition's supply (what the policy and
+    the upsampling let each source give): the driver computes it from the partitions' summaries."""
+
+    weights: np.ndarray  # float per source: its share of the budget
+    budget: float  # the phase's target tokens after the mixture's limits
+    limited_by: str  # "" or the source whose supply capped the budget ("corpus" for natural proportions)
+    supply: np.ndarray  # float per source: the whole corpus's supply
+
+    def of_group(self, group_supply: np.ndarray) -> np.ndarray:
+        """Target tokens per source for a group of partitions: the source's target, shared by supply.
+        A single group gets budget x weight exactly (x / x is 1.0 in floating point)."""
+        share = np.divide(group_supply, self.supply, out=np.zeros(len(self.supply)), where=self.supply > 0)
+        return self.budget * self.weights * share
+
+
 @dataclass
 class Selection:
-    """The document copies a phase packs, and why it left out the others."""
+    """The document copies a phase packs from one group of partitions, and why it left out the others."""
 
     docs: np.ndarray  # corpus rows, one per copy, in packing order
     lengths: np.ndarray  # tokens each copy contributes (shorter than the document when truncated)
     outcome: np.ndarray  # int8 per corpus row: USED or why this phase left it out
-    weights: np.ndarray  # float per corpus source: its share of the budget
-    budget: float  # the phase's target tokens after the mixture's limits
-    limited_by: str  # "" or the source whose supply capped the budget ("corpus" for natural proportions)
+    targets: Targets  # the phase's budget and weights, over the whole corpus
+    wanted: np.ndarray  # float per source: this group's target tokens
+
+
+def phase_targets(phase: CurriculumPhase, source_names: list[str], supply: np.ndarray, corpus_tokens: int) -> Targets:
+    weights = mixture_weights(phase, source_names, supply)
+    budget, limited_by = phase_budget(phase, source_names, corpus_tokens, supply, weights)
+    return Targets(weights, budget, limited_by, np.asarray(supply, dtype=float))
+
+
+def select_group(phase: CurriculumPhase, corpus: Corpus, seed: int, targets: Targets, group: int = 0) -> Selection:
+    """A group's share of the phase: each source's documents in a seeded order up to its target."""
+    rng = group_rng(seed, phase.name, group)
+    taken, outcome, copies = eligible(phase, corpus, seed)
+    wanted = targets.of_group(np.bincount(corpus.source, weights=taken * copies, minlength=len(targets.supply)))
+    picked = [pick_copies(np.flatnonzero((corpus.source == s) & (copies > 0)), taken, copies, wanted[s], rng)
+              for s, weight in enumerate(targets.weights) if weight > 0]
+    docs = rng.permutation(np.concatenate([np.zeros(0, np.int64), *picked]))
+    outcome[outcome == USED] = OVER_BUDGET  # eligible, until picked below
+    outcome[left_out(phase, corpus.source_names)[corpus.source]] = NOT_IN_MIXTURE  # never a candidate
+    outcome[docs] = USED
+    return Selection(docs, taken[docs], outcome, targets, wanted)
 
 
 def select_phase(phase: CurriculumPhase, corpus: Corpus, seed: int) -> Selection:
-    rng = phase_rng(seed, phase.name)
+    """The whole corpus as one group (tests, small jobs)."""
+    return select_group(phase, corpus, seed, whole_corpus_targets(phase, corpus, seed))
+
+
+def whole_corpus_targets(phase: CurriculumPhase, corpus: Corpus, seed: int) -> Targets:
+    return phase_targets(phase, corpus.source_names, supply_of(phase, corpus, seed), corpus.total_tokens)
+
+
+def left_out(phase: CurriculumPhase, source_names: list[str]) -> np.ndarray:
+    """bool per source: a mixture that names other sources only. A source of natural weight 0 (every
+    document too long, say) keeps its documents' own reasons (pack.too_long...), not this one."""
+    return np.array([bool(phase.mixture) and phase.mixture.get(name, 0.0) <= 0 for name in source_names], dtype=bool)
+
+
+def eligible(phase: CurriculumPhase, corpus: Corpus, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per corpus row: tokens the long-document policy lets it give (0 = left out), why, and its copies."""
     taken, outcome = policy_lengths(phase, corpus)
-    copies = upsample_copies(phase, corpus.lengths, rng) * (taken > 0)
-    supply = np.bincount(corpus.source, weights=taken * copies, minlength=len(corpus.source_names))
-    weights = mixture_weights(phase, corpus.source_names, supply)
-    budget, limited_by = phase_budget(phase, corpus, supply, weights)
-    picked = [pick_copies(np.flatnonzero((corpus.source == s) & (copies > 0)), taken, copies, budget * w, rng)
-              for s, w in enumerate(weights) if w > 0]
-    docs = rng.permutation(np.concatenate([np.zeros(0, np.int64), *picked]))
-    outcome[outcome == USED] = OVER_BUDGET  # eligible, until picked below
-    outcome[weights[corpus.source] == 0] = NOT_IN_MIXTURE  # never a candidate, whatever its length
-    outcome[docs] = USED
-    return Selection(docs, taken[docs], outcome, weights, budget, limited_by)
+    return taken, outcome, upsample_copies(phase, corpus, seed) * (taken > 0)
+
+
+def supply_of(phase: CurriculumPhase, corpus: Corpus, seed: int) -> np.ndarray:
+    """Tokens per source (the recipe's order) that this corpus can give the phase."""
+    taken, _, copies = eligible(phase, corpus, seed)
+    return np.bincount(corpus.source, weights=taken * copies, minlength=len(corpus.source_names))
 
 
 def phase_rng(seed: int, name: str, stream: int = 0) -> np.random.Generator:
     """A phase's own random stream: adding or reordering phases leaves the others' choices alone."""
     return np.random.default_rng([seed, zlib.crc32(name.encode()), stream])
+
+
+def group_rng(seed: int, name: str, group: int, stream: int = 0) -> np.random.Generator:
+    """A group's own stream; group 0 draws the phase's, as the whole corpus did before groups."""
+    if group == 0:
+        return phase_rng(seed, name, stream)
+    return np.random.default_rng([seed, zlib.crc32(name.encode()), stream, group])
 
 
 def policy_lengths(phase: CurriculumPhase, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
@@ -146,13 +200,26 @@ def policy_lengths(phase: CurriculumPhase, corpus: Corpus) -> tuple[np.ndarray, 
     return taken, outcome
 
 
-def upsample_copies(phase: CurriculumPhase, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    copies = np.ones(len(lengths), dtype=np.int64)
+def upsample_copies(phase: CurriculumPhase, corpus: Corpus, seed: int) -> np.ndarray:
+    """Copies of each row: `factor` for long documents, the fractional part by a coin that is a hash of
+    the document's place in the run, so that no grouping of partitions can change it."""
+    copies = np.ones(len(corpus.lengths), dtype=np.int64)
     if phase.upsample_long is not None:
-        long = lengths >= phase.upsample_long.min_tokens
+        long = corpus.lengths >= phase.upsample_long.min_tokens
         whole, part = divmod(phase.upsample_long.factor, 1.0)
-        copies[long] = int(whole) + (rng.random(int(long.sum())) < part)
+        copies[long] = int(whole) + (coin(seed, phase.name, corpus.partition[long], corpus.position[long]) < part)
     return copies
+
+
+def coin(seed: int, name: str, partition: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """A uniform [0, 1) draw per (partition, position), fixed by (seed, phase name): splitmix64."""
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as splitmix64 intends
+        z = np.uint64(seed & (2**64 - 1)) ^ (np.uint64(zlib.crc32(name.encode())) << np.uint64(32))
+        z = z + partition.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + position.astype(np.uint64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 def mixture_weights(phase: CurriculumPhase, names: list[str], supply: np.ndarray) -> np.ndarray:
@@ -161,10 +228,11 @@ def mixture_weights(phase: CurriculumPhase, names: list[str], supply: np.ndarray
     return weights / weights.sum() if weights.sum() > 0 else weights
 
 
-def phase_budget(phase: CurriculumPhase, corpus: Corpus, supply: np.ndarray, weights: np.ndarray) -> tuple[float, str]:
+def phase_budget(phase: CurriculumPhase, names: list[str], corpus_tokens: int, supply: np.ndarray,
+                 weights: np.ndarray) -> tuple[float, str]:
     """The phase's target tokens: what was asked, capped by the scarcest source at its weight."""
-    requested = requested_tokens(phase, corpus.total_tokens)
-    missing = [name for name, weight in phase.mixture.items() if weight > 0 and name not in corpus.source_names]
+    requested = requested_tokens(phase, corpus_tokens)
+    missing = [name for name, weight in phase.mixture.items() if weight > 0 and name not in names]
     if missing:
         return 0.0, missing[0]
     active = np.flatnonzero(weights > 0)
@@ -176,7 +244,7 @@ def phase_budget(phase: CurriculumPhase, corpus: Corpus, supply: np.ndarray, wei
         return requested, ""
     if not phase.mixture:  # natural proportions: every source runs out at once
         return float(allowed[scarcest]), "corpus" if np.isfinite(requested) else ""
-    return float(allowed[scarcest]), corpus.source_names[active[scarcest]]
+    return float(allowed[scarcest]), names[active[scarcest]]
 
 
 def requested_tokens(phase: CurriculumPhase, corpus_tokens: int) -> float:
@@ -197,16 +265,28 @@ def pick_copies(rows: np.ndarray, taken: np.ndarray, copies: np.ndarray, target:
     return rows[:count]
 
 
-def pack_phase(phase: CurriculumPhase, corpus: Corpus, seed: int, ids: SpecialIds
+def pack_group(phase: CurriculumPhase, corpus: Corpus, seed: int, ids: SpecialIds, targets: Targets, group: int = 0
                ) -> tuple[Selection, Sequences, Iterator[PackedSample]]:
-    """Select, split and pack a phase; the samples come lazily, in a seeded shuffled order."""
-    selection = select_phase(phase, corpus, seed)
+    """Select, split and pack a group's share of a phase; the samples come lazily, in a seeded
+    shuffled order, keyed <phase>-<index> with the group in the index's leading digits."""
+    selection = select_group(phase, corpus, seed, targets, group)
     pieces = split_pieces(selection.docs, selection.lengths, phase.seq_len, corpus.spans)
     sequences = pack_pieces(pieces, phase.seq_len, phase.window)
-    order = phase_rng(seed, phase.name, stream=1).permutation(sequences.num_sequences)
-    samples = (make_sample(f"{phase.name}-{index:09d}", corpus, sequences, int(b), phase.seq_len, ids)
+    order = group_rng(seed, phase.name, group, stream=1).permutation(sequences.num_sequences)
+    samples = (make_sample(sample_key(phase.name, group, index), corpus, sequences, int(b), phase.seq_len, ids)
                for index, b in enumerate(order))
     return selection, sequences, samples
+
+
+def sample_key(phase: str, group: int, index: int) -> str:
+    """<phase>-<index>: group 0's indices are 000000000..., group g's g000000000... (a group packs fewer)."""
+    return f"{phase}-{group * 10**9 + index:09d}"
+
+
+def pack_phase(phase: CurriculumPhase, corpus: Corpus, seed: int, ids: SpecialIds
+               ) -> tuple[Selection, Sequences, Iterator[PackedSample]]:
+    """The whole corpus as one group (tests, small jobs)."""
+    return pack_group(phase, corpus, seed, ids, whole_corpus_targets(phase, corpus, seed))
 
 
 class Usage:
@@ -226,30 +306,54 @@ class Usage:
             yield row, MISS_REASONS[int(self.miss[row])]
 
 
-def phase_stats(phase: CurriculumPhase, corpus: Corpus, selection: Selection, sequences: Sequences,
-                manifest: dict[str, Any], started: float) -> dict[str, Any]:
-    """What a phase wrote, against what it was asked for (stats.json `phases.<name>`)."""
-    capacity = manifest["samples"] * phase.seq_len
+ADDITIVE = ("samples", "shards", "tokens", "docs", "copies", "pieces", "split_docs", "truncated_docs",
+            "truncated_tokens", "dropped_too_long", "left_out_media_span_too_long")  # summed over groups
+
+
+def group_stats(phase: CurriculumPhase, corpus: Corpus, selection: Selection, sequences: Sequences,
+                shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """What one group of a phase wrote: the additive figures of stats.json `phases.<name>` (a document
+    lives in one group, so distinct documents add up too), and its tokens per source."""
     cut = corpus.lengths[selection.docs] - selection.lengths
     unique_docs = len(np.unique(selection.docs))
+    source_tokens = np.bincount(corpus.source[selection.docs], weights=selection.lengths,
+                                minlength=len(corpus.source_names))
     return {
-        "seq_len": phase.seq_len, "samples": manifest["samples"], "shards": len(manifest["shards"]),
-        "tokens": manifest["tokens"], "fill": manifest["tokens"] / capacity if capacity else 0.0,
-        "docs": unique_docs, "copies": len(selection.docs), "upsampled_copies": len(selection.docs) - unique_docs,
+        "samples": sum(shard["samples"] for shard in shards), "shards": len(shards),
+        "tokens": sum(shard["tokens"] for shard in shards), "docs": unique_docs, "copies": len(selection.docs),
         "pieces": len(sequences.pieces.length), "split_docs": int((selection.lengths > phase.seq_len).sum()),
         "truncated_docs": int((cut > 0).sum()), "truncated_tokens": int(cut.sum()),
         "dropped_too_long": int((selection.outcome == TOO_LONG).sum()),
         "left_out_media_span_too_long": int((selection.outcome == MEDIA_TOO_LONG).sum()),
-        "long_docs": phase.long_docs,
+        "source_tokens": [int(tokens) for tokens in source_tokens],
+    }
+
+
+def phase_stats(phase: CurriculumPhase, targets: Targets, source_names: list[str], groups: list[dict[str, Any]],
+                wall_s: float) -> dict[str, Any]:
+    """What a phase wrote, against what it was asked for (stats.json `phases.<name>`), from its groups'."""
+    totals = {key: sum(group[key] for group in groups) for key in ADDITIVE}
+    tokens = np.sum([group["source_tokens"] for group in groups], axis=0) if groups else np.zeros(len(source_names))
+    capacity = totals["samples"] * phase.seq_len
+    return {
+        "seq_len": phase.seq_len, **{key: totals[key] for key in ("samples", "shards", "tokens")},
+        "fill": totals["tokens"] / capacity if capacity else 0.0, "docs": totals["docs"], "copies": totals["copies"],
+        "upsampled_copies": totals["copies"] - totals["docs"],
+        **{key: totals[key] for key in ADDITIVE[6:]}, "long_docs": phase.long_docs,
         "budget": {"requested": phase.tokens or (f"{phase.fraction:g} of corpus" if phase.fraction else None),
-                   "target": round(selection.budget), "limited_by": selection.limited_by},
-        "sources": source_stats(corpus, selection),
-        "wall_s": round(time.monotonic() - started, 2),
+                   "target": round(targets.budget), "limited_by": targets.limited_by},
+        "sources": source_entries(source_names, targets, tokens), "groups": len(groups), "wall_s": round(wall_s, 2),
     }
 
 
 def source_stats(corpus: Corpus, selection: Selection) -> dict[str, dict[str, Any]]:
+    """The `sources` part of a phase's stats for one selection (tests, single-group runs)."""
     tokens = np.bincount(corpus.source[selection.docs], weights=selection.lengths, minlength=len(corpus.source_names))
-    return {name: {"tokens": int(tokens[s]), "target": round(selection.budget * selection.weights[s]),
-                   "weight": round(float(selection.weights[s]), 6)}
-            for s, name in enumerate(corpus.source_names) if selection.weights[s] > 0 or tokens[s] > 0}
+    return source_entries(corpus.source_names, selection.targets, tokens)
+
+
+def source_entries(names: list[str], targets: Targets, tokens: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per source: tokens packed, its target (budget x weight) and weight; sources with neither left out."""
+    return {name: {"tokens": int(tokens[s]), "target": round(targets.budget * targets.weights[s]),
+                   "weight": round(float(targets.weights[s]), 6)}
+            for s, name in enumerate(names) if targets.weights[s] > 0 or tokens[s] > 0}

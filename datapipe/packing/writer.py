@@ -21,8 +21,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +31,28 @@ import numpy as np
 
 from datapipe.schema import PackedSample
 from datapipe.shardformat import FORMAT, INDEX_FORMAT, INDEX_SUFFIX, MANIFEST, RUN_FORMAT, RUN_MANIFEST, index_part
+from datapipe.storage import Store
 
 
 class ShardWriter:
-    """Writes samples into shard-000000.tar, shard-000001.tar, ... and the manifest on close."""
+    """Writes samples into <prefix>000000.tar, <prefix>000001.tar, ... of a phase folder (a path or a
+    Store: local or remote). With `info` it is the folder's only writer: it clears the folder first
+    and writes the manifest on close. Without, it writes one group's shards among others' (prefix
+    shard-GGGGG-) and close() returns their manifest entries, which the run assembles."""
 
-    def __init__(self, folder: Path, samples_per_shard: int, info: dict[str, Any], max_bytes: int | None = None):
-        self.folder, self.samples_per_shard, self.info = Path(folder), samples_per_shard, info
-        self.max_bytes = max_bytes
-        self.folder.mkdir(parents=True, exist_ok=True)
-        remove_previous_output(self.folder)
+    def __init__(self, folder: Path | str | Store, samples_per_shard: int, info: dict[str, Any] | None = None,
+                 max_bytes: int | None = None, prefix: str = "shard-"):
+        self.store = folder if isinstance(folder, Store) else Store(folder)
+        self.samples_per_shard, self.info, self.max_bytes, self.prefix = samples_per_shard, info, max_bytes, prefix
+        self.staging = self.store.local() or Path(tempfile.mkdtemp(prefix="datapipe-shards-"))  # where tars are made
+        self.staging.mkdir(parents=True, exist_ok=True)
+        if info is not None:
+            remove_previous_output(self.store)
         self.shards: list[dict[str, Any]] = []
         self.tar: tarfile.TarFile | None = None
         self.current: dict[str, Any] = {}
         self.index: dict[str, Any] = {}  # the open shard's keys and member places (write_index)
-        self.manifest: dict[str, Any] | None = None
+        self.result: dict[str, Any] | list[dict[str, Any]] | None = None
         self.stride_blocks = 0  # tar blocks of doc_lens and json together that samples are padded to
 
     def write(self, sample: PackedSample) -> None:
@@ -96,31 +104,30 @@ class ShardWriter:
             self.index["arrays"][suffix] = None
 
     def open_shard(self) -> None:
-        name = f"shard-{len(self.shards):06d}.tar"
+        name = f"{self.prefix}{len(self.shards):06d}.tar"
         self.current = {"name": name, "samples": 0, "tokens": 0}
         self.index = {"keys": [], "members": {}, "arrays": {}}
-        self.tar = tarfile.open(self.folder / f".{name}.tmp", "w", format=tarfile.USTAR_FORMAT)
+        self.tar = tarfile.open(self.staging / f".{name}.tmp", "w", format=tarfile.USTAR_FORMAT)
 
     def close_shard(self) -> None:
         self.tar.close()
         self.tar = None
-        temporary, final = self.folder / f".{self.current['name']}.tmp", self.folder / self.current["name"]
+        temporary = self.staging / f".{self.current['name']}.tmp"
         self.current.update(bytes=temporary.stat().st_size, sha256=file_sha256(temporary))
-        os.replace(temporary, final)
-        self.current["index"] = write_index(self.folder, self.current, self.index)
+        self.store.put(temporary, self.current["name"])
+        self.current["index"] = write_index(self.store, self.current, self.index)
         self.shards.append(self.current)
 
-    def close(self) -> dict[str, Any]:
-        if self.manifest is not None:
-            return self.manifest
+    def close(self) -> dict[str, Any] | list[dict[str, Any]]:
+        """The manifest (with `info`), else the shards' manifest entries."""
+        if self.result is not None:
+            return self.result
         if self.tar is not None:
             self.close_shard()
-        manifest = {"format": FORMAT, **self.info, "shards": self.shards}
-        manifest["samples"] = sum(s["samples"] for s in self.shards)
-        manifest["tokens"] = sum(s["tokens"] for s in self.shards)
-        write_atomic(self.folder / MANIFEST, json.dumps(manifest, indent=2).encode())
-        self.manifest = manifest
-        return manifest
+        if self.staging != self.store.local():
+            shutil.rmtree(self.staging, ignore_errors=True)
+        self.result = self.shards if self.info is None else write_manifest(self.store, self.info, self.shards)
+        return self.result
 
     def __enter__(self) -> "ShardWriter":
         return self
@@ -132,7 +139,15 @@ class ShardWriter:
             self.tar.close()
 
 
-def write_index(folder: Path, shard: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
+def write_manifest(store: Store, info: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """The phase folder's manifest.json, written last: from then on the folder is finished."""
+    manifest = {"format": FORMAT, **info, "shards": shards, "samples": sum(s["samples"] for s in shards),
+                "tokens": sum(s["tokens"] for s in shards)}
+    store.write_bytes(MANIFEST, json.dumps(manifest, indent=2).encode())
+    return manifest
+
+
+def write_index(store: Store, shard: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
     """`shard-N.index.json` beside the shard: its samples' keys and, per member suffix, the sample
     numbers, data offsets and sizes, so the loader never walks tar headers (datapipe.loader.shardindex),
     and the layout of each .npy column whose members share one, so it reads none of their headers.
@@ -143,26 +158,30 @@ def write_index(folder: Path, shard: dict[str, Any], index: dict[str, Any]) -> d
     members = {suffix: [index_part(part) for part in column] for suffix, column in index["members"].items()}
     data = json.dumps({"format": INDEX_FORMAT, "shard": shard["name"], "bytes": shard["bytes"], "sha256": shard["sha256"],
                        "keys": index["keys"], "members": members, "arrays": arrays}, separators=(",", ":")).encode()
-    write_atomic(folder / name, data)
+    store.write_bytes(name, data)
     return {"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def remove_previous_output(folder: Path) -> None:
+def remove_previous_output(store: Store) -> None:
     """The manifest goes first: from then on the folder reads as unfinished until close()."""
-    (folder / MANIFEST).unlink(missing_ok=True)
-    for stale in [*folder.glob("shard-*.tar"), *folder.glob(".shard-*.tar.tmp"), *folder.glob(f"shard-*{INDEX_SUFFIX}"),
-                  *folder.glob(f".shard-*{INDEX_SUFFIX}.tmp")]:
+    store.remove(MANIFEST)
+    for name in store.list():
+        if name.startswith("shard-") and (name.endswith(".tar") or name.endswith(INDEX_SUFFIX)):
+            store.remove(name)
+    local = store.local()
+    for stale in [*local.glob(".shard-*.tmp")] if local else []:
         stale.unlink()
 
 
-def write_run_manifest(out: Path, phases: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+def write_run_manifest(out: Path | str | Store, phases: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
     """out/run.json, written after every phase's manifest: the curriculum the loader follows.
 
     Each phase entry is {"name": folder name under out/, "token_budget": tokens to train on
     before moving to the next phase, or None for one pass over the phase's shards}."""
     entries = [{**phase, "token_budget": phase.get("token_budget")} for phase in phases]
     manifest = {"format": RUN_FORMAT, **info, "phases": entries}
-    write_atomic(Path(out) / RUN_MANIFEST, json.dumps(manifest, indent=2).encode())
+    store = out if isinstance(out, Store) else Store(out)
+    store.write_bytes(RUN_MANIFEST, json.dumps(manifest, indent=2).encode())
     return manifest
 
 
@@ -188,9 +207,3 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)

@@ -14,6 +14,8 @@ from typing import Callable
 from datapipe.pipeline import registry
 from datapipe.schema import Document, docs_from_table, docs_to_table, mark_transform
 
+DERIVED_BITS = 12  # Document.position = record index << 12 | n for the n-th record a stage derives from it
+
 
 @lru_cache(maxsize=32)
 def cached_stage(name: str, cfg_json: str) -> Callable:
@@ -32,6 +34,7 @@ def apply_stage(stage: Callable, name: str, table):
     except Exception:  # noqa: BLE001 - one bad record must not fail the batch: retry one by one
         out = [kept for doc in fresh_alive(table, name) for kept in run_one(stage, name, doc)]
     check_accounted(name, alive, out)
+    place_derived(out)
     for doc in out:
         if not doc["reject"]:
             mark_transform(doc, name)
@@ -71,3 +74,22 @@ def reject_line(doc: Document) -> str:
     head = {k: doc[k] for k in ("id", "source", "source_id", "kind", "reject", "error")}
     rest = {k: v for k, v in doc.items() if k not in head and k not in ("text", "media", "tokens")}
     return json.dumps({**head, "text": doc["text"][:2000], **rest}, ensure_ascii=False)
+
+
+def place_derived(docs: list[Document]) -> None:
+    """Records a stage made from another (a rewrite) arrive with their parent's position: each gets the
+    next free derived index of its record, so (partition, position) stays unique and ordered. Records
+    read from a source keep theirs; derived ones keep theirs too while no other record holds it."""
+    taken = {(doc["partition"], doc["position"]) for doc in docs if not doc["derived_from"]}
+    for doc in docs:
+        if not doc["derived_from"]:
+            continue
+        if (doc["partition"], doc["position"]) in taken:
+            base = doc["position"] >> DERIVED_BITS << DERIVED_BITS
+            free = next((base + n for n in range(1, 1 << DERIVED_BITS) if (doc["partition"], base + n) not in taken),
+                        None)
+            if free is None:
+                raise RuntimeError(f"record {doc['derived_from']} has more than {(1 << DERIVED_BITS) - 1} derived "
+                                   "records; a stage may derive at most that many from one record")
+            doc["position"] = free
+        taken.add((doc["partition"], doc["position"]))

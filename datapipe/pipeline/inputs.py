@@ -3,6 +3,7 @@ ranges cut, one work item (one Ray task) each, and the reader that turns an item
 from __future__ import annotations
 
 import glob
+from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -50,3 +51,27 @@ def iter_recipe_documents(recipe: Any) -> Iterator[Document]:
             yield doc
             if source.limit and count >= source.limit:
                 break
+
+
+def plan_partitions(recipe: Any) -> list[dict[str, Any]]:
+    """The run's input partitions, numbered by their place in this list: each source's work items in
+    recipe order. A source with a `limit` is one partition (its first `limit` records, read in order
+    by one task), so that a limit never depends on how tasks were scheduled."""
+    plan = []
+    for source in recipe.sources:
+        items = work_items(recipe, source)
+        if source.limit and source.type in registry.GENERATORS:
+            items = [{"path": "", "start": 0, "stop": min(source.count, source.limit)}]
+        elif source.limit:
+            items = [{"paths": [item["path"] for item in items], "start": 0, "stop": 0}]
+        plan += [{"source": source.name, **item} for item in items]
+    return plan
+
+
+def read_partition(source: Any, seed: int, item: dict[str, Any]) -> Iterator[Document]:
+    """The documents of one planned partition (plan_partitions), its source's limit applied."""
+    if "paths" in item:
+        documents = (doc for path in item["paths"] for doc in read_work_item(source, seed, {**item, "path": path}))
+    else:
+        documents = read_work_item(source, seed, item)
+    return islice(documents, source.limit) if source.limit else documents

@@ -25,7 +25,7 @@ def inspect_run(out_dir: Path, n_samples: int, console: Console) -> None:
         console.print(phase_table(folder, phase_figures(stats).get(folder.name, {})))
         for sample in islice(stream(folder), n_samples):
             console.print(describe_sample(sample, decode), highlight=False)
-    show_reject_examples(out_dir / "rejects" / "rejects.jsonl", console)
+    show_reject_examples(out_dir, console)
 
 
 def describe_sample(sample: dict, decode) -> str:
@@ -73,16 +73,19 @@ def load_decoder(out_dir: Path):
         return None
 
 
-def show_reject_examples(path: Path, console: Console) -> None:
-    """One example line per reject reason, with its error where it has one, so a user sees what
-    each reason looks like."""
-    if not path.is_file():
-        return
+def read_rejects(out_dir: Path | str):
+    """Every rejected record of a finished run, in run order: the lines of out/rejects/p*.jsonl (one
+    file a partition, written by the workers)."""
+    for path in sorted(Path(out_dir, "rejects").glob("*.jsonl")):
+        with open(path, encoding="utf-8") as lines:
+            yield from map(json.loads, lines)
+
+
+def show_reject_examples(out_dir: Path, console: Console) -> None:
+    """One example line per reject reason, so a user sees what each reason looks like."""
     seen: dict[str, dict] = {}
-    with open(path, encoding="utf-8") as lines:
-        for line in lines:
-            record = json.loads(line)
-            seen.setdefault(record["reject"], record)
+    for record in read_rejects(out_dir):
+        seen.setdefault(record["reject"], record)
     for reason, record in seen.items():
         example = escape(f"{record['source_id']}: {record['text'][:120]!r}")
         if record.get("error"):  # late rejects (pack.*) carry no error: their reason says it all

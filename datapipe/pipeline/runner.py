@@ -1,77 +1,96 @@
-"""Turn a recipe into a streaming Ray Data plan and run it. The only module that imports Ray.
+"""Turn a recipe into Ray work and run it. The only module that imports Ray.
 
-The plan reads top to bottom: one read operator per source (a Ray task per file or
-per generator range), their union, then each recipe stage as a `map_batches`
-operator (tasks for plain functions, an actor pool for stages that keep a warm
-resource). The driver consumes the stream in order: rejects go to the rejects file,
-live documents to a spill (out/<run>/spill/, written once). Then each curriculum
-phase selects and packs from the whole spill and writes its shards. Order is
-preserved, so the same recipe and seed give the same shards.
+The driver plans; the workers do the work and write their own outputs to the run's folder (any
+fsspec location: datapipe.storage), and nothing that grows with the corpus reaches the driver.
+
+1. Documents: a streaming Ray Data plan, read top to bottom: one read operator per source (a Ray
+   task per input partition: a file or a generator range, the ones not yet committed), their
+   union, each recipe stage as a `map_batches` operator (tasks for plain functions, an actor pool
+   for stages that keep a warm resource), and last commit_block, which writes each block's
+   documents as pieces of their partitions (datapipe.pipeline.partitions). The driver reads only
+   the small summaries, in order, and commits each partition when its closing row arrives.
+2. Phases: per phase the driver computes the budget from the partitions' supplies, groups the
+   partitions, and runs one Ray task per group that selects, packs and writes its shards
+   (datapipe.packing.groups); the phase's manifest is assembled from the tasks' results.
+3. Accounts: one Ray task per partition turns the documents no phase used into rejects and
+   writes the partition's rejects file; then stats.json and, last, run.json.
+Every step commits with a marker (datapipe.pipeline.resume): rerunning after a kill does only
+what is missing, and the same recipe and seed give byte-identical shards however the work was
+scheduled, since every choice depends on (partition, position), never on arrival order.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
 import socket
+import tempfile
 import time
 from functools import partial
-from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 from rich.console import Console
-from rich.progress import track
 
 from datapipe.packing.bfd import SpecialIds
-from datapipe.packing.corpus import Corpus, SpillWriter
-from datapipe.packing.curriculum import CurriculumPhase, Usage, pack_phase, phase_stats
-from datapipe.packing.writer import ShardWriter, write_run_manifest
+from datapipe.packing.curriculum import phase_stats, phase_targets
+from datapipe.packing.groups import GroupJob, plan_groups, run_group
+from datapipe.packing.writer import write_manifest, write_run_manifest
 from datapipe.pipeline import registry
-from datapipe.pipeline.apply import apply_stage, cached_stage, reject_line
+from datapipe.pipeline.apply import apply_stage, cached_stage
 from datapipe.pipeline.check import check_recipe
-from datapipe.pipeline.inputs import read_work_item, work_items
-from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError, SourceConfig
+from datapipe.pipeline.inputs import plan_partitions, read_partition
+from datapipe.pipeline.partitions import (
+    CommitSettings,
+    Partition,
+    PartitionLog,
+    account_name,
+    account_partition,
+    commit_block,
+    end_row,
+    numbered,
+)
+from datapipe.pipeline.partitions import (
+    read_partition as read_committed,
+)
+from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError
 from datapipe.pipeline.report import make_progress, update_progress
+from datapipe.pipeline.resume import RunFolder, open_run
 from datapipe.pipeline.stats import RunStats
-from datapipe.schema import Document, docs_from_table, docs_to_table
-from datapipe.shardformat import MANIFEST, RUN_MANIFEST
+from datapipe.schema import Document, docs_to_table
 from datapipe.stage import StageConfig
+from datapipe.storage import Store
 
 READ_BATCH = 1024  # documents per Arrow block out of a reader
-SPILL = "spill"  # out/<run>/spill/: the live tokenized documents, written once, read by every curriculum phase
+UNREACHABLE = ("read.missing_file", "read.unreadable_file", "read.unreadable_dataset")  # an input a worker could not open
 
 
-def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | None = None,
-               console: Console | None = None) -> dict[str, Any]:
-    """Run the whole recipe; return the stats also written to <out>/stats.json.
-
-    Every check comes before the previous output is cleared, and those that need no cluster before Ray starts."""
+def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: str | None = None,
+               console: Console | None = None, restart: bool = False) -> dict[str, Any]:
+    """Run the whole recipe (or what a killed run left to do); return the stats also written to
+    <out>/stats.json. Every check that needs no cluster comes before Ray starts, and none of them
+    touches a previous run's output."""
     console = console or Console(stderr=True)
     check_recipe(recipe)
-    out = check_out_dir(Path(out_dir or Path("out") / recipe.name))
+    run = open_run(Store(out_dir or Path("out") / recipe.name), recipe, restart)
+    if run.finished:
+        console.print(f"{run.out.location} holds this recipe's finished run; nothing to do (--restart runs it again)")
+        return json.loads(run.out.read_text("stats.json"))
+    plan = plan_partitions(recipe)
+    run.check_plan(plan)
     connect(recipe.ray, ray_address)
     check_actor_cpus(recipe)
-    prepare_out_dir(out, recipe)
-    stats = RunStats(recipe.name)  # before the plan: a global stage (dedup) does work while planning
-    dataset = build_plan(recipe)
-    ids = special_ids(recipe)
-    spill = SpillWriter(out / SPILL, ids, [source.name for source in recipe.sources])
-    with open(out / "rejects" / "rejects.jsonl", "w") as rejects:
-        with make_progress(console) as progress:
-            corpus = spill_documents(dataset, spill, stats, rejects, progress, recipe.name)
-        usage = Usage(len(corpus.ids))
-        for phase in recipe.phases:
-            stats.phases[phase.name] = write_phase(phase, corpus, recipe, out, ids, usage, console)
-        reject_unused(corpus, usage, stats, rejects)
-    del corpus  # its memory maps close before the spill goes
-    shutil.rmtree(out / SPILL)
-    stats.finish()
-    stats.save(out / "stats.json")
-    write_run_manifest(out, [{"name": phase.name} for phase in recipe.phases],  # last: the run is done
+    started = time.monotonic()
+    partitions = commit_documents(recipe, plan, run, console)
+    check_sources_reachable(recipe, plan, partitions)
+    phases = pack_phases(recipe, partitions, run, console)
+    stats = run_stats(recipe, partitions, account_partitions(recipe, partitions, run), phases, started)
+    run.target.write_bytes("stats.json", json.dumps(stats, indent=2).encode())
+    write_run_manifest(run.target, [{"name": phase.name} for phase in recipe.phases],  # last: the run is done
                        {"recipe": recipe.name, "seed": recipe.seed})
-    return stats.to_dict()
+    run.finish()
+    return stats
 
 
 def special_ids(recipe: Recipe) -> SpecialIds:
@@ -79,66 +98,115 @@ def special_ids(recipe: Recipe) -> SpecialIds:
     return SpecialIds.from_tokenizer(tokenize.tokenizer)
 
 
-def spill_documents(dataset, spill: SpillWriter, stats: RunStats, rejects, progress, name: str) -> Corpus:
-    """Consume the plan in order: rejects to the rejects file, live documents to the spill."""
-    task = progress.add_task(name, total=None, tokens=0, rps=0.0, tps=0.0)
-    for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-        docs = docs_from_table(table)
-        live = [doc for doc in docs if not doc["reject"]]
-        for doc, reason in zip(live, spill.add_batch(live)):
-            doc["reject"] = reason  # "" when spilled, else why it cannot be packed (media that do not match)
-        for doc in docs:
-            stats.count(doc)
-            if doc["reject"]:
-                rejects.write(reject_line(doc) + "\n")
-        update_progress(progress, task, stats)
-    return spill.finish()
+def commit_documents(recipe: Recipe, plan: list[dict[str, Any]], run: RunFolder, console: Console) -> list[Partition]:
+    """Every partition committed: the ones a killed run committed read back, the others run now."""
+    done = {index: read_committed(run.work, index) for index in range(len(plan))}
+    todo = [index for index, part in done.items() if part is None]
+    if todo:
+        settings = CommitSettings(run.work, special_ids(recipe), tuple(recipe.phases),
+                                  tuple(source.name for source in recipe.sources), recipe.seed)
+        summaries = build_plan(recipe, plan, todo, run.work).map_batches(
+            commit_block, fn_kwargs={"settings": settings}, batch_size=None, batch_format="pyarrow")
+        log, shown = PartitionLog(run.work), RunStats(recipe.name)
+        with make_progress(console) as progress:
+            task = progress.add_task(recipe.name, total=None, tokens=0, rps=0.0, tps=0.0)
+            for table in summaries.iter_batches(batch_format="pyarrow", batch_size=None):
+                for row in table.to_pylist():
+                    log.add(row)
+                    shown.add(json.loads(row["stats"]))
+                update_progress(progress, task, shown)
+        done.update({part.index: part for part in log.committed})
+    missing = [index for index, part in done.items() if part is None]
+    if missing:
+        raise RuntimeError(f"partitions {missing[:5]} never reached the end of the plan; rerun to finish them")
+    return [done[index] for index in range(len(plan))]
 
 
-def write_phase(phase: CurriculumPhase, corpus: Corpus, recipe: Recipe, out: Path, ids: SpecialIds, usage: Usage,
-                console: Console) -> dict[str, Any]:
-    """Pack one curriculum phase over the whole corpus and write its shards; return its stats."""
-    started = time.monotonic()
-    selection, sequences, samples = pack_phase(phase, corpus, recipe.seed, ids)
+def check_sources_reachable(recipe: Recipe, plan: list[dict[str, Any]], partitions: list[Partition]) -> None:
+    """A source none of whose inputs could be opened where the work ran is a wrong path or a node that
+    cannot see the data, not data: the run stops (its reads are committed: a fixed rerun reuses the rest)."""
+    for source in recipe.sources:
+        parts = [part for part, item in zip(partitions, plan) if item["source"] == source.name]
+        read = sum(part.stats.get("records_in", {}).get(source.name, 0) for part in parts)
+        lost = sum(part.stats.get("rejected", {}).get(reason, 0) for part in parts for reason in UNREACHABLE)
+        if source.type not in registry.GENERATORS and read and lost == read:
+            raise RunError(f"source {source.name!r}: none of its {len(parts)} inputs could be opened where the work "
+                           "ran (every record is read.missing_file or read.unreadable_*: see rejects/); check that "
+                           "the paths exist on every node (a shared mount or an object store URL)")
+
+
+def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder, console: Console) -> dict[str, Any]:
+    """Every phase's groups packed by Ray tasks (those a killed run committed read back); each phase's
+    manifest written from its groups' shards; its stats returned."""
+    import ray
+
+    started, names = time.monotonic(), [source.name for source in recipe.sources]
+    corpus_tokens = sum(part.stats.get("tokens", 0) for part in partitions)
+    jobs, results, targets = [], {}, {}
+    for phase in recipe.phases:
+        supplies = [np.asarray(part.supply.get(phase.name, np.zeros(len(names))), dtype=float) for part in partitions]
+        targets[phase.name] = phase_targets(phase, names, np.sum(supplies, axis=0) if supplies else np.zeros(len(names)),
+                                            corpus_tokens)
+        tokens = [part.stats.get("tokens", 0) for part in partitions]
+        for group, members in enumerate(plan_groups(phase, supplies, tokens, targets[phase.name])):
+            job = group_job(recipe, phase, group, [partitions[i] for i in members], targets[phase.name])
+            marker = run.work.read_text(job.marker)
+            results[phase.name, group] = json.loads(marker) if marker is not None else None
+            jobs += [job] if marker is None else []
+    pack = ray.remote(run_group).options(num_cpus=1, max_retries=3)
+    pending = {pack.remote(job, run.work, run.target): job for job in jobs}
+    with make_progress(console) as progress:
+        task = progress.add_task("packing groups", total=len(results), tokens=0, rps=0.0, tps=0.0)
+        while pending:
+            [ready], _ = ray.wait(list(pending), num_returns=1)
+            job = pending.pop(ready)
+            results[job.phase.name, job.group] = ray.get(ready)
+            progress.update(task, completed=sum(value is not None for value in results.values()))
+    return {phase.name: write_phase(recipe, phase, [results[key] for key in sorted(results) if key[0] == phase.name],
+                                    targets[phase.name], run, time.monotonic() - started)
+            for phase in recipe.phases}
+
+
+def group_job(recipe: Recipe, phase, group: int, members: list[Partition], targets) -> GroupJob:
+    tokenize = next(stage for stage in recipe.stages if stage.stage == "tokenize")
+    return GroupJob(phase, group, tuple(part.index for part in members),
+                    tuple(piece for part in members for piece in part.pieces), targets,
+                    tuple(source.name for source in recipe.sources), recipe.seed, tokenize.tokenizer,
+                    recipe.shards.samples_per_shard, recipe.shards.max_bytes)
+
+
+def write_phase(recipe: Recipe, phase, groups: list[dict[str, Any]], targets, run: RunFolder,
+                wall_s: float) -> dict[str, Any]:
+    """A phase's manifest (its groups' shards, in group order) and its stats."""
     info = {"recipe": recipe.name, "seed": recipe.seed, "phase": phase.name, "seq_len": phase.seq_len,
             "recipe_config": recipe.model_dump(mode="json", exclude={"base_dir"})}
-    with ShardWriter(out / phase.name, recipe.shards.samples_per_shard, info, recipe.shards.max_bytes) as shards:
-        for sample in track(samples, f"phase {phase.name}", total=sequences.num_sequences, console=console,
-                            transient=True):
-            shards.write(sample)
-        manifest = shards.close()
-    usage.record(selection)
-    return phase_stats(phase, corpus, selection, sequences, manifest, started)
+    write_manifest(run.target.child(phase.name), info, [shard for group in groups for shard in group["shards"]])
+    names = [source.name for source in recipe.sources]
+    return phase_stats(phase, targets, names, [group["stats"] for group in groups], wall_s)
 
 
-def reject_unused(corpus: Corpus, usage: Usage, stats: RunStats, rejects) -> None:
-    """Documents that no phase packed (over budget, too long, outside every mixture) become rejects."""
-    unused = usage.unused()
-    while chunk := list(islice(unused, 10_000)):  # described a chunk at a time: memory stays flat
-        for (row, reason), record in zip(chunk, corpus.describe([row for row, _ in chunk])):
-            stats.reject_late(record, reason, int(corpus.lengths[row]))
-            del record["text_chars"], record["text_bytes"]
-            line = {**record, "reject": reason, "num_tokens": int(corpus.lengths[row])}
-            rejects.write(json.dumps(line, ensure_ascii=False) + "\n")
-    stats.stage_passed["pack"] = int((usage.uses > 0).sum())
+def account_partitions(recipe: Recipe, partitions: list[Partition], run: RunFolder) -> list[dict[str, Any]]:
+    """Every partition's late rejects and rejects file (Ray tasks; a killed run's read back)."""
+    import ray
+
+    phases = [phase.name for phase in recipe.phases]
+    account = ray.remote(account_partition).options(num_cpus=1, max_retries=3)
+    stored = [run.work.read_text(account_name(part.index)) for part in partitions]
+    refs = [account.remote(part, phases, run.work, run.target) if text is None else None
+            for part, text in zip(partitions, stored)]
+    return [json.loads(text) if text is not None else ray.get(ref) for text, ref in zip(stored, refs)]
 
 
-def check_out_dir(out: Path) -> Path:
-    """Refuse a non-empty folder that datapipe did not write (our own previous run is cleared later)."""
-    if out.exists() and any(out.iterdir()) and not (out / "stats.json").exists() and not (out / "recipe.json").exists():
-        raise RecipeError(f"{out} is not empty and was not written by datapipe; pass a new or empty --out")
-    return out
-
-
-def prepare_out_dir(out: Path, recipe: Recipe) -> None:
-    """Clear our own previous run's phases, rejects, spill and stats; write recipe.json."""
-    stale = [manifest.parent for manifest in out.glob(f"*/{MANIFEST}")]
-    for folder in [*stale, *(out / phase.name for phase in recipe.phases), out / "rejects", out / SPILL]:
-        shutil.rmtree(folder, ignore_errors=True)
-    (out / "stats.json").unlink(missing_ok=True)
-    (out / RUN_MANIFEST).unlink(missing_ok=True)  # written last; its absence marks an unfinished run
-    (out / "rejects").mkdir(parents=True)
-    (out / "recipe.json").write_text(recipe.model_dump_json(indent=2))
+def run_stats(recipe: Recipe, partitions: list[Partition], accounts: list[dict[str, Any]], phases: dict[str, Any],
+              started: float) -> dict[str, Any]:
+    stats = RunStats(recipe.name)
+    for part in partitions:
+        stats.add(part.stats)
+    for account in accounts:
+        stats.add(account["stats"])
+    stats.phases = phases
+    stats.wall_s = time.monotonic() - started
+    return stats.to_dict()
 
 
 def connect(cfg: RayConfig, address: str | None) -> None:
@@ -190,40 +258,44 @@ def cluster_hint(address: str, err: Exception) -> str:
     return hint
 
 
-def build_plan(recipe: Recipe):
-    """Sources, their union, then the recipe's stages in order."""
-    datasets = [read_source(recipe, source) for source in recipe.sources]
+def build_plan(recipe: Recipe, plan: list[dict[str, Any]] | None = None, todo: list[int] | None = None,
+               work: Store | None = None):
+    """The partitions to do (default: all) of each source, their union, then the recipe's stages in
+    order. `work` is the run's work folder (global stages keep their files there; default: a
+    temporary folder, for callers outside a run)."""
+    plan = plan_partitions(recipe) if plan is None else plan
+    todo = range(len(plan)) if todo is None else todo
+    work = work or Store(tempfile.mkdtemp(prefix="datapipe-work-"))
+    datasets = [read_source(recipe, source, [{**plan[i], "partition": i} for i in todo
+                                             if plan[i]["source"] == source.name]) for source in recipe.sources]
+    datasets = [dataset for dataset in datasets if dataset is not None]
     dataset = datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
     for cfg in recipe.stages:
         dataset = add_stage(dataset, cfg)
     return dataset
 
 
-def read_source(recipe: Recipe, source: SourceConfig):
+def read_source(recipe: Recipe, source, items: list[dict[str, Any]]):
+    """A Ray task per partition of the source (None when none is left to do)."""
     import ray
 
-    items = work_items(recipe, source)
-    dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-        read_items, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "seed": recipe.seed}
-    )
-    return dataset.limit(source.limit) if source.limit else dataset
+    if not items:
+        return None
+    return ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+        read_items, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "seed": recipe.seed})
 
 
-def read_items(items, source: SourceConfig, seed: int) -> Iterator[Any]:
-    """A Ray task: read one work item, yield Arrow blocks of documents."""
+def read_items(items, source, seed: int) -> Iterator[Any]:
+    """A Ray task: read one partition, yield Arrow blocks of its documents, numbered; the last block
+    ends with the row that closes the partition (datapipe.pipeline.partitions.end_row)."""
     for item in items.to_pylist():
-        yield from batched_tables(read_work_item(source, seed, item))
-
-
-def batched_tables(documents: Iterator[Document]) -> Iterator[Any]:
-    batch: list[Document] = []
-    for doc in documents:
-        batch.append(doc)
-        if len(batch) == READ_BATCH:
-            yield docs_to_table(batch)
-            batch = []
-    if batch:
-        yield docs_to_table(batch)
+        partition, count, batch = item["partition"], 0, []
+        for doc in read_partition(source, seed, item):
+            batch.append(doc)
+            if len(batch) == READ_BATCH:
+                yield docs_to_table(numbered(batch, partition, count))
+                count, batch = count + len(batch), []
+        yield docs_to_table([*numbered(batch, partition, count), end_row(partition, count + len(batch))])
 
 
 def check_actor_cpus(recipe: Recipe) -> None:

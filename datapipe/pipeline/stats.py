@@ -22,6 +22,8 @@ from typing import Any
 from datapipe.schema import Document
 
 LENGTH_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)  # characters; x4 steps from a tweet to a book chapter
+COUNTERS = ("records_in", "created", "written", "rejected", "stage_passed", "stage_rejected", "stage_bytes_in",
+            "stage_bytes_rejected", "rejected_bytes", "languages", "pii")  # RunStats' Counter attributes
 UNKNOWN_LANGUAGE = "unknown"  # the languages entry of documents no langid stage labelled
 
 
@@ -60,6 +62,19 @@ class RunStats:
             self.tokens += len(doc["tokens"])
             self.languages[doc["language"] or UNKNOWN_LANGUAGE] += 1
             self.lengths["written"][length_bucket(len(doc["text"]))] += 1
+
+    def counters(self) -> dict[str, Any]:
+        """Every figure count() and reject_late() change, as plain dicts: what a worker sends back for
+        the records it handled, and add() merges on the driver (sums; a run's figures are additive)."""
+        return {**{name: dict(getattr(self, name)) for name in COUNTERS},
+                "lengths": {side: dict(counts) for side, counts in self.lengths.items()}, "tokens": self.tokens}
+
+    def add(self, counters: dict[str, Any]) -> None:
+        for name in COUNTERS:
+            getattr(self, name).update(counters.get(name, {}))
+        for side, counts in counters.get("lengths", {}).items():
+            self.lengths[side].update(counts)
+        self.tokens += counters.get("tokens", 0)
 
     def reject_late(self, record: dict[str, Any], reason: str, num_tokens: int) -> None:
         """A document counted as written that packing could not use after all (too long, over budget):
