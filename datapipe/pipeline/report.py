@@ -7,7 +7,15 @@ import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from datapipe.pipeline.stats import RunStats
@@ -24,6 +32,12 @@ def make_progress(console: Console) -> Progress:
         console=console,
         transient=False,
     )
+
+
+def task_progress(console: Console) -> Progress:
+    """A bar over a known number of tasks (pack groups, accounts): done of all, elapsed, remaining."""
+    return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
 
 
 def update_progress(progress: Progress, task: Any, stats: RunStats) -> None:

@@ -55,7 +55,7 @@ from datapipe.pipeline.partitions import (
     read_partition as read_committed,
 )
 from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError
-from datapipe.pipeline.report import make_progress, update_progress
+from datapipe.pipeline.report import make_progress, task_progress, update_progress
 from datapipe.pipeline.resume import RunFolder, open_run
 from datapipe.pipeline.stats import RunStats
 from datapipe.schema import Document, docs_to_table
@@ -102,6 +102,9 @@ def commit_documents(recipe: Recipe, plan: list[dict[str, Any]], run: RunFolder,
     """Every partition committed: the ones a killed run committed read back, the others run now."""
     done = {index: read_committed(run.work, index) for index in range(len(plan))}
     todo = [index for index, part in done.items() if part is None]
+    if len(todo) < len(plan):
+        console.print(f"resuming {run.target.location}: {len(plan) - len(todo)} of {len(plan)} partitions were "
+                      "committed by an earlier attempt", highlight=False)
     if todo:
         settings = CommitSettings(run.work, special_ids(recipe), tuple(recipe.phases),
                                   tuple(source.name for source in recipe.sources), recipe.seed)
@@ -155,8 +158,9 @@ def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder, con
             jobs += [job] if marker is None else []
     pack = ray.remote(run_group).options(num_cpus=1, max_retries=3)
     pending = {pack.remote(job, run.work, run.target): job for job in jobs}
-    with make_progress(console) as progress:
-        task = progress.add_task("packing groups", total=len(results), tokens=0, rps=0.0, tps=0.0)
+    with task_progress(console) as progress:
+        task = progress.add_task(f"packing {len(recipe.phases)} phases", total=len(results),
+                                 completed=len(results) - len(pending))
         while pending:
             [ready], _ = ray.wait(list(pending), num_returns=1)
             job = pending.pop(ready)
