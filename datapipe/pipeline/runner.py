@@ -30,8 +30,8 @@ from datapipe.packing.curriculum import CurriculumPhase, Usage, pack_phase, phas
 from datapipe.packing.writer import ShardWriter, write_run_manifest
 from datapipe.pipeline import registry
 from datapipe.pipeline.apply import apply_stage, cached_stage, reject_line
-from datapipe.pipeline.check import check_recipe
-from datapipe.pipeline.inputs import read_work_item, work_items
+from datapipe.pipeline.check import Inputs, check_read, check_recipe, list_inputs
+from datapipe.pipeline.inputs import read_work_item
 from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError, SourceConfig
 from datapipe.pipeline.report import make_progress, update_progress
 from datapipe.pipeline.stats import RunStats
@@ -49,18 +49,19 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, ray_address: str | N
 
     Every check comes before the previous output is cleared, and those that need no cluster before Ray starts."""
     console = console or Console(stderr=True)
-    check_recipe(recipe)
+    inputs = check_recipe(recipe)  # every source's inputs, listed once, here
     out = check_out_dir(Path(out_dir or Path("out") / recipe.name))
     connect(recipe.ray, ray_address)
     check_actor_cpus(recipe)
     prepare_out_dir(out, recipe)
     stats = RunStats(recipe.name)  # before the plan: a global stage (dedup) does work while planning
-    dataset = build_plan(recipe)
+    dataset = build_plan(recipe, inputs)
     ids = special_ids(recipe)
     spill = SpillWriter(out / SPILL, ids, [source.name for source in recipe.sources])
     with open(out / "rejects" / "rejects.jsonl", "w") as rejects:
         with make_progress(console) as progress:
             corpus = spill_documents(dataset, spill, stats, rejects, progress, recipe.name)
+        check_read(recipe, inputs, stats)
         usage = Usage(len(corpus.ids))
         for phase in recipe.phases:
             stats.phases[phase.name] = write_phase(phase, corpus, recipe, out, ids, usage, console)
@@ -190,19 +191,20 @@ def cluster_hint(address: str, err: Exception) -> str:
     return hint
 
 
-def build_plan(recipe: Recipe):
-    """Sources, their union, then the recipe's stages in order."""
-    datasets = [read_source(recipe, source) for source in recipe.sources]
+def build_plan(recipe: Recipe, inputs: Inputs | None = None):
+    """Sources (their work items as check_recipe listed them, or listed now), their union, then the recipe's
+    stages in order."""
+    inputs = inputs if inputs is not None else list_inputs(recipe)
+    datasets = [read_source(recipe, source, inputs[source.name]) for source in recipe.sources]
     dataset = datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
     for cfg in recipe.stages:
         dataset = add_stage(dataset, cfg)
     return dataset
 
 
-def read_source(recipe: Recipe, source: SourceConfig):
+def read_source(recipe: Recipe, source: SourceConfig, items: list[dict[str, Any]]):
     import ray
 
-    items = work_items(recipe, source)
     dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
         read_items, batch_size=1, batch_format="pyarrow", fn_kwargs={"source": source, "seed": recipe.seed}
     )
