@@ -20,6 +20,7 @@ read by s3fs/gcsfs themselves.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import io
 import os
@@ -35,6 +36,15 @@ from urllib.parse import urlsplit
 READ_BUFFER = 1 << 20  # bytes per read from a remote file; s3fs fetches 50 MiB blocks behind it
 UNLISTABLE = ("http", "https")  # single files only: "listing" a URL would fetch the page and parse its links
 BACKEND_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+
+
+class RemoteError(OSError):
+    """A remote filesystem's own failure (no credentials, an endpoint that does not answer, an HTTP
+    error), as an OSError naming the URL; readers count it as an unreadable file."""
+
+
+class MissingBackend(RemoteError):
+    """No fsspec filesystem for a URL's scheme on this machine: the message names the package to install."""
 
 
 def is_url(location: str) -> bool:
@@ -61,7 +71,7 @@ def filesystem(url: str) -> Any:
     except (ImportError, ValueError) as err:
         package = BACKEND_PACKAGES.get(protocol)
         hint = f"pip install {package}" if package else "install its fsspec back end"
-        raise OSError(f"{url}: no filesystem for {protocol}:// ({err}); {hint}") from None
+        raise MissingBackend(f"{url}: no filesystem for {protocol}:// ({err}); {hint}") from None
 
 
 class Store:
@@ -175,19 +185,17 @@ def commit_local(temporary: Path, final: Path) -> None:
         os.close(descriptor)
 
 
-class RemoteError(OSError):
-    """A remote filesystem's own failure (no credentials, an endpoint that does not answer, an HTTP
-    error), as an OSError naming the URL; readers count it as an unreadable file."""
-
-
 @contextlib.contextmanager
 def remote_errors(url: str) -> Iterator[None]:
     """fsspec back ends raise their clients' exceptions (botocore, aiohttp, google-auth), which share no
-    base class: every one but FileNotFoundError (a missing file, as locally) becomes a RemoteError."""
+    base class: every one but FileNotFoundError (a missing file, as locally) becomes a RemoteError.
+    Both name the URL (s3fs names a missing object by its key alone)."""
     try:
         yield
-    except (FileNotFoundError, RemoteError):
+    except RemoteError:
         raise
+    except FileNotFoundError as err:
+        raise FileNotFoundError(errno.ENOENT, f"No such file or directory ({err})", url) from err
     except Exception as err:  # noqa: BLE001 - see the docstring; the original error is chained
         raise RemoteError(f"{url}: {type(err).__name__}: {err}") from err
 
@@ -196,8 +204,9 @@ def open_input(location: str) -> IO[bytes]:
     """A file to read, streaming: open() for a local path or file:// URL, fsspec for any other URL."""
     if not is_url(location):
         return open(local_path(location), "rb")
+    fs = filesystem(location)
     with remote_errors(location):
-        return io.BufferedReader(RemoteFile(filesystem(location).open(location, "rb"), location), READ_BUFFER)
+        return io.BufferedReader(RemoteFile(fs.open(location, "rb"), location), READ_BUFFER)
 
 
 class RemoteFile(io.RawIOBase):
@@ -234,8 +243,9 @@ class RemoteFile(io.RawIOBase):
 def input_exists(location: str) -> bool:
     if not is_url(location):
         return os.path.exists(local_path(location))
+    fs = filesystem(location)
     with remote_errors(location):
-        return filesystem(location).exists(location)
+        return fs.exists(location)
 
 
 def is_pattern(location: str) -> bool:
@@ -248,12 +258,13 @@ def is_folder(location: str) -> bool:
         return os.path.isdir(local_path(location))
     if urlsplit(location).scheme in UNLISTABLE:
         return False
+    fs = filesystem(location)
     with remote_errors(location):
-        return filesystem(location).isdir(location)
+        return fs.isdir(location)
 
 
 def glob_inputs(pattern: str) -> list[str]:
-    """The files a glob matches (** spans folders), sorted; hidden names (".x") are left out, as glob does locally."""
+    """What a glob matches (** spans folders; a folder too: a saved dataset), sorted; hidden names (".x") left out."""
     if not is_url(pattern):
         return sorted(glob.glob(local_path(pattern), recursive=True))
     fs = filesystem(pattern)
@@ -282,8 +293,9 @@ def probe(location: str) -> None:
     parts = urlsplit(location)
     if not is_url(location) or parts.scheme in UNLISTABLE:
         return
+    fs = filesystem(location)
     with remote_errors(location):
-        filesystem(location).ls(f"{parts.scheme}://{parts.netloc}", detail=False)
+        fs.ls(f"{parts.scheme}://{parts.netloc}", detail=False)
 
 
 def parent_of(location: str) -> str:
@@ -312,7 +324,8 @@ def local_folder(location: str) -> Iterator[str]:
     if not is_url(location):
         yield local_path(location)
         return
+    fs = filesystem(location)
     with tempfile.TemporaryDirectory(prefix="datapipe-input-") as folder:
         with remote_errors(location):
-            filesystem(location).get(location.rstrip("/") + "/", folder + "/", recursive=True)
+            fs.get(location.rstrip("/") + "/", folder + "/", recursive=True)
         yield folder

@@ -1,9 +1,24 @@
-"""datapipe.storage.Store: files appear whole, temporaries stay hidden, local paths and file:// URLs alike."""
+"""datapipe.storage: a Store's files appear whole and temporaries stay hidden, local paths, file:// URLs and
+S3 (a real server, tests/s3server.py) alike; inputs are listed and opened the same way locally and on S3."""
 import pickle
 
 import pytest
 
-from datapipe.storage import Store, is_url, local_path
+from datapipe.storage import (
+    Store,
+    filesystem,
+    folder_inputs,
+    glob_inputs,
+    input_exists,
+    is_folder,
+    is_pattern,
+    is_url,
+    join_location,
+    local_path,
+    open_input,
+    parent_of,
+    probe,
+)
 
 
 def test_local_store_writes_whole_files_and_lists_no_temporaries(tmp_path):
@@ -34,3 +49,51 @@ def test_stores_pickle_and_tell_local_from_remote(tmp_path):
     assert local_path("file:///data/x") == "/data/x" and local_path("file://localhost/data") == "/data"
     with pytest.raises(OSError, match="no filesystem for nosuchproto"):
         _ = Store("nosuchproto://bucket/run").fs
+
+
+def test_a_store_on_s3_writes_reads_lists_and_removes(s3, tmp_path):
+    store = pickle.loads(pickle.dumps(Store(f"{s3}/run/")))
+    assert store.remote and store.local() is None and store.path("a", "b.json") == f"{s3}/run/a/b.json"
+    store.write_bytes("a/b.json", b"{}")
+    store.write_bytes("a/.c.json.1234.tmp", b"half")  # a temporary another writer left: never listed
+    assert store.read_bytes("a/b.json") == b"{}" and store.exists("a/b.json") and not store.exists("a/x")
+    assert store.list("a") == ["b.json"] and store.list("missing") == [] and store.read_text("nothing") is None
+    with store.open("a/b.json") as stream:
+        assert stream.read() == b"{}"
+    shard = tmp_path / ".shard.tar.tmp"
+    shard.write_bytes(b"tar bytes")
+    store.put(shard, "main/shard-0.tar")
+    assert not shard.exists() and store.child("main").list() == ["shard-0.tar"]
+    assert store.child("main").read_text("shard-0.tar") == "tar bytes"
+    store.remove("main")
+    assert not store.exists("main/shard-0.tar") and store.list() == ["a"]
+    store.remove("main")  # nothing there: no error
+    store.remove("a/b.json")
+    assert store.list("a") == []
+
+
+def test_inputs_on_s3_are_listed_and_opened_like_local_files(s3):
+    fs = filesystem(s3)
+    for name in ["data/a.jsonl", "data/sub/b.jsonl", "data/.c.jsonl.tmp", "data/d.txt"]:
+        fs.pipe_file(f"{s3}/{name}", name.encode())
+    assert glob_inputs(f"{s3}/data/**/*.jsonl") == [f"{s3}/data/a.jsonl", f"{s3}/data/sub/b.jsonl"]
+    assert folder_inputs(f"{s3}/data/") == [f"{s3}/data/{name}" for name in ("a.jsonl", "d.txt", "sub/b.jsonl")]
+    assert is_folder(f"{s3}/data") and not is_folder(f"{s3}/data/a.jsonl") and not is_pattern("https://x.org/a?b=1")
+    assert input_exists(f"{s3}/data/a.jsonl") and not input_exists(f"{s3}/data/gone.jsonl")
+    with open_input(f"{s3}/data/sub/b.jsonl") as stream:
+        assert stream.read() == b"data/sub/b.jsonl"
+    with pytest.raises(FileNotFoundError, match=f"{s3}/data/gone.jsonl"):
+        open_input(f"{s3}/data/gone.jsonl")
+    probe(f"{s3}/nothing/*.jsonl")  # the bucket lists: a glob that matches nothing there is a wrong path, not this
+    with pytest.raises(FileNotFoundError, match="bucket does not exist"):
+        probe("s3://no-such-bucket-datapipe/*.jsonl")
+
+
+def test_remote_manifest_rows_stay_in_their_bucket():
+    assert join_location("s3://b/site", "icons/x.svg") == "s3://b/site/icons/x.svg"
+    assert join_location("s3://b/site", "../../../x.svg") == "s3://b/x.svg"
+    assert join_location("s3://b/site", "/etc/passwd") == "s3://b/etc/passwd"
+    assert join_location("s3://b/site", "file:///etc/passwd") == "s3://b/etc/passwd"
+    assert join_location("s3://b/site", "gs://other/y.svg") == "gs://other/y.svg"
+    assert join_location("/data/site", "icons/x.svg") == "/data/site/icons/x.svg"
+    assert parent_of("s3://b/site/m.jsonl") == "s3://b/site"

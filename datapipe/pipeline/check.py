@@ -27,7 +27,7 @@ from datapipe.pipeline.inputs import expand_path, file_items, input_location, wo
 from datapipe.pipeline.recipe import Recipe, RecipeError, RunError, Source
 from datapipe.pipeline.stats import RunStats
 from datapipe.stage import StageConfig
-from datapipe.storage import RemoteError, input_exists, probe
+from datapipe.storage import MissingBackend, RemoteError, input_exists, probe
 
 Inputs = dict[str, list[dict[str, Any]]]  # a source's name -> its work items, as listed here
 CREDENTIALS = {  # what fsspec's back ends read, by URL scheme: the remedy for a listing they refused
@@ -106,7 +106,8 @@ def unlisted(source: Source, location: str, err: OSError) -> str:
     """A location this machine could not list or ask about, with the cause and what to set."""
     cause = str(err).removeprefix(f"{location}: ")
     cause = cause if isinstance(err, RemoteError) else f"{type(err).__name__}: {cause}"
-    hint = CREDENTIALS.get(urlsplit(location).scheme) if isinstance(err, RemoteError | PermissionError) else None
+    refused = isinstance(err, RemoteError | PermissionError) and not isinstance(err, MissingBackend)
+    hint = CREDENTIALS.get(urlsplit(location).scheme) if refused else None
     remedy = f"; {hint}, here and on every Ray node" if hint else ""
     return f"sources.{source.name}.paths: cannot list {location} ({cause}){remedy}"
 
