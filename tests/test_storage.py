@@ -1,9 +1,15 @@
 """datapipe.storage: a Store's files appear whole and temporaries stay hidden, local paths, file:// URLs and
 S3 (a real server, tests/s3server.py) alike; inputs are listed and opened the same way locally and on S3."""
+import gzip
+import json
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from datapipe import cli
 from datapipe.storage import (
     Store,
     filesystem,
@@ -19,6 +25,9 @@ from datapipe.storage import (
     parent_of,
     probe,
 )
+from tests.conftest import WORDS, tiny_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_local_store_writes_whole_files_and_lists_no_temporaries(tmp_path):
@@ -97,3 +106,29 @@ def test_remote_manifest_rows_stay_in_their_bucket():
     assert join_location("s3://b/site", "gs://other/y.svg") == "gs://other/y.svg"
     assert join_location("/data/site", "icons/x.svg") == "/data/site/icons/x.svg"
     assert parent_of("s3://b/site/m.jsonl") == "s3://b/site"
+
+
+@pytest.mark.slow
+def test_a_recipe_whose_sources_are_on_s3_runs_end_to_end(s3, tmp_path, tiny_tokenizer):
+    """`datapipe run` as a user starts it, a fresh process whose Ray workers read S3 with the credentials
+    and endpoint of its environment."""
+    fs = filesystem(s3)
+    rows = [{"id": f"d{i}", "text": " ".join(WORDS[i % 5:]) * 2} for i in range(12)]
+    fs.pipe_file(f"{s3}/web/part-0.jsonl", "".join(json.dumps(row) + "\n" for row in rows[:6]).encode())
+    fs.pipe_file(f"{s3}/web/part-1.jsonl.gz", gzip.compress("".join(json.dumps(r) + "\n" for r in rows[6:]).encode()))
+    fs.pipe_file(f"{s3}/pages/a.html", b"<html><body><p>a page on object storage</p></body></html>")
+    recipe = tiny_recipe(tmp_path, tiny_tokenizer, [
+        {"name": "web", "type": "jsonl", "paths": [f"{s3}/web/*.jsonl*", f"{s3}/web/gone.jsonl"], "id_field": "id"},
+        {"name": "pages", "type": "files", "paths": [f"{s3}/pages/"]}])
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "datapipe.cli", "run", str(recipe), "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["records_in"] == {"web": 13, "pages": 1} and stats["rejected"] == {"read.missing_file": 1}
+    assert stats["written"] == {"web": 12, "pages": 1} and stats["balanced"]
+    [reject] = [json.loads(line) for line in (out / "rejects" / "rejects.jsonl").open()]
+    assert reject["source_id"] == f"{s3}/web/gone.jsonl"
+    trained = tmp_path / "tok"  # `datapipe tokenizer train` reads the same recipe's sources, in this process
+    assert cli.main(["tokenizer", "train", str(recipe), "--vocab-size", "300", "--out", str(trained)]) == 0
+    assert (trained / "tokenizer.json").exists()
