@@ -2,8 +2,9 @@
 
 Exit codes: 0 done; 1 the run finished but its accounting does not balance (records in +
 created != written + rejected); 2 the command could not start: a recipe that is invalid or
-cannot run here (RecipeError), a cluster that does not answer (RunError), a missing file;
-130 interrupted (Ctrl-C). Every message says what to do.
+cannot run here (RecipeError), a cluster that does not answer (RunError), a missing file; or
+a source none of whose inputs the workers could open (RunError); 130 interrupted (Ctrl-C).
+Every message says what to do.
 """
 from __future__ import annotations
 
@@ -134,16 +135,23 @@ def cmd_tokenizer_export(args: argparse.Namespace) -> int:
 
 
 def iter_training_texts(inputs: list[str]):
+    from datapipe.pipeline.check import list_inputs
     from datapipe.pipeline.inputs import iter_recipe_documents
     from datapipe.pipeline.recipe import TabularSource
     from datapipe.readers.tabular import read_jsonl
     from datapipe.schema import MEDIA_PLACEHOLDER
+    from datapipe.storage import is_url, open_input
 
     for name in inputs:
         if name.endswith((".yaml", ".yml")):
-            docs = iter_recipe_documents(load_recipe(name))
+            recipe = load_recipe(name)
+            docs = iter_recipe_documents(recipe, list_inputs(recipe))
         elif ".jsonl" in name:
             docs = read_jsonl(TabularSource(name="train", type="jsonl", paths=[name]), name)
+        elif is_url(name):  # a text file on object storage or a web server
+            with open_input(name) as stream:
+                yield stream.read().decode("utf-8", errors="replace")
+            continue
         else:
             yield Path(name).read_text(encoding="utf-8", errors="replace")
             continue

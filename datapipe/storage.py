@@ -6,16 +6,45 @@ at all: on a local filesystem it is written under a temporary name, flushed to d
 and renamed, then its folder is flushed (a power loss cannot leave a renamed but empty file);
 on an object store one upload makes it (objects are visible only once complete). Readers that
 meet a half-written temporary name ignore it: names that start with "." are never listed.
+
+Inputs are read from the same places: open_input, input_exists, glob_inputs and folder_inputs
+take a local path, a file:// URL or any fsspec URL (s3://, gs://, https:// for single files).
+A local path goes straight to open() and os (no fsspec on the hot path); a URL goes through
+its fsspec filesystem, whose own client errors (botocore's NoCredentialsError, an endpoint
+that does not answer, gcsfs's HttpError) come out as RemoteError, an OSError, so a reader
+handles a remote failure as it handles a local one: FileNotFoundError is a missing file,
+any other OSError an unreadable one. Credentials and endpoints come from the environment
+(AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, FSSPEC_S3_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS...),
+read by s3fs/gcsfs themselves.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
+import io
 import os
+import posixpath
 import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
+
+READ_BUFFER = 1 << 20  # bytes per read from a remote file; s3fs fetches 50 MiB blocks behind it
+UNLISTABLE = ("http", "https")  # single files only: "listing" a URL would fetch the page and parse its links
+BACKEND_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+
+
+class RemoteError(OSError):
+    """A remote filesystem's own failure (no credentials, an endpoint that does not answer, an HTTP
+    error), as an OSError naming the URL; readers count it as an unreadable file."""
+
+
+class MissingBackend(RemoteError):
+    """No fsspec filesystem for a URL's scheme on this machine: the message names the package to install."""
 
 
 def is_url(location: str) -> bool:
@@ -40,9 +69,9 @@ def filesystem(url: str) -> Any:
     try:
         return fsspec.filesystem(protocol)
     except (ImportError, ValueError) as err:
-        package = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
-        hint = f"pip install {package[protocol]}" if protocol in package else "install its fsspec back end"
-        raise OSError(f"{url}: no filesystem for {protocol}:// ({err}); {hint}") from None
+        package = BACKEND_PACKAGES.get(protocol)
+        hint = f"pip install {package}" if package else "install its fsspec back end"
+        raise MissingBackend(f"{url}: no filesystem for {protocol}:// ({err}); {hint}") from None
 
 
 class Store:
@@ -154,3 +183,149 @@ def commit_local(temporary: Path, final: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+@contextlib.contextmanager
+def remote_errors(url: str) -> Iterator[None]:
+    """fsspec back ends raise their clients' exceptions (botocore, aiohttp, google-auth), which share no
+    base class: every one but FileNotFoundError (a missing file, as locally) becomes a RemoteError.
+    Both name the URL (s3fs names a missing object by its key alone)."""
+    try:
+        yield
+    except RemoteError:
+        raise
+    except FileNotFoundError as err:
+        raise FileNotFoundError(errno.ENOENT, f"No such file or directory ({err})", url) from err
+    except Exception as err:  # noqa: BLE001 - see the docstring; the original error is chained
+        raise RemoteError(f"{url}: {type(err).__name__}: {err}") from err
+
+
+def open_input(location: str) -> IO[bytes]:
+    """A file to read, streaming: open() for a local path or file:// URL, fsspec for any other URL."""
+    if not is_url(location):
+        return open(local_path(location), "rb")
+    fs = filesystem(location)
+    with remote_errors(location):
+        return io.BufferedReader(RemoteFile(fs.open(location, "rb"), location), READ_BUFFER)
+
+
+class RemoteFile(io.RawIOBase):
+    """An fsspec file whose reads and seeks raise OSError only (remote_errors), so the decompressors
+    and parsers above it tell a network failure (unreadable) from damaged bytes (corrupt)."""
+
+    def __init__(self, file: Any, url: str) -> None:
+        self._file, self._url = file, url
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        with remote_errors(self._url):
+            data = self._file.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with remote_errors(self._url):
+            return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def input_exists(location: str) -> bool:
+    if not is_url(location):
+        return os.path.exists(local_path(location))
+    fs = filesystem(location)
+    with remote_errors(location):
+        return fs.exists(location)
+
+
+def is_pattern(location: str) -> bool:
+    """A glob (* ? [); an http(s) URL is never one: "?" starts its query."""
+    return urlsplit(location).scheme not in UNLISTABLE and any(ch in location for ch in "*?[")
+
+
+def is_folder(location: str) -> bool:
+    if not is_url(location):
+        return os.path.isdir(local_path(location))
+    if urlsplit(location).scheme in UNLISTABLE:
+        return False
+    fs = filesystem(location)
+    with remote_errors(location):
+        return fs.isdir(location)
+
+
+def glob_inputs(pattern: str) -> list[str]:
+    """What a glob matches (** spans folders; a folder too: a saved dataset), sorted; hidden names (".x") left out."""
+    if not is_url(pattern):
+        return sorted(glob.glob(local_path(pattern), recursive=True))
+    fs = filesystem(pattern)
+    with remote_errors(pattern):
+        return sorted(fs.unstrip_protocol(name) for name in fs.glob(pattern) if not is_hidden(name))
+
+
+def folder_inputs(folder: str) -> list[str]:
+    """Every file under a folder, at any depth, sorted; hidden names (".x": temporaries) left out."""
+    if not is_url(folder):
+        files = (path for path in Path(local_path(folder)).rglob("*") if path.is_file())
+        return sorted(str(path) for path in files if not path.name.startswith("."))
+    fs = filesystem(folder)
+    with remote_errors(folder):
+        return sorted(fs.unstrip_protocol(name) for name in fs.find(folder) if not is_hidden(name))
+
+
+def is_hidden(name: str) -> bool:
+    return name.rstrip("/").rsplit("/", 1)[-1].startswith(".")
+
+
+def probe(location: str) -> None:
+    """Raise why a URL's bucket (its first path part) cannot be listed, if it cannot: a glob over a
+    missing bucket matches nothing, silently, where listing the bucket says it does not exist.
+    Nothing for local paths and single-file URLs (http)."""
+    parts = urlsplit(location)
+    if not is_url(location) or parts.scheme in UNLISTABLE:
+        return
+    fs = filesystem(location)
+    with remote_errors(location):
+        fs.ls(f"{parts.scheme}://{parts.netloc}", detail=False)
+
+
+def parent_of(location: str) -> str:
+    """The folder a file is in: a URL's prefix, or a local file's resolved folder."""
+    if is_url(location):
+        return location.rsplit("/", 1)[0]
+    return str(Path(local_path(location)).resolve().parent)
+
+
+def join_location(folder: str, name: str) -> str:
+    """A name relative to a folder (a manifest's row); a URL stays itself, and within a remote folder
+    an absolute name starts at the bucket and ".." never climbs out of it."""
+    if is_url(name):
+        return name
+    if not is_url(folder):
+        return str(Path(local_path(folder)) / local_path(name))
+    parts = urlsplit(folder)
+    key = posixpath.normpath(posixpath.join("/", parts.path, local_path(name)))
+    return f"{parts.scheme}://{parts.netloc}{key}"
+
+
+@contextlib.contextmanager
+def local_folder(location: str) -> Iterator[str]:
+    """A local folder with a location's files: the folder itself, or for a URL a temporary copy,
+    deleted afterwards (a reader that needs local files, such as datasets' load_from_disk)."""
+    if not is_url(location):
+        yield local_path(location)
+        return
+    fs = filesystem(location)
+    with tempfile.TemporaryDirectory(prefix="datapipe-input-") as folder:
+        with remote_errors(location):
+            fs.get(location.rstrip("/") + "/", folder + "/", recursive=True)
+        yield folder

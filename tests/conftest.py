@@ -1,4 +1,5 @@
-"""Shared fixtures: one real local Ray for the whole suite, and a tiny tokenizer trained in-process."""
+"""Shared fixtures: one real local Ray for the whole suite, a real S3 server (moto) whose address
+the Ray workers inherit, and a tiny tokenizer trained in-process."""
 from __future__ import annotations
 
 import io
@@ -15,7 +16,30 @@ WORDS = ("packing shards tokens stream resume rank epoch recipe stage record rej
 
 
 @pytest.fixture(scope="session")
-def ray_session():
+def s3_server():
+    """moto's S3 server, its address and credentials in the environment (tests/s3server.py); or, when
+    it cannot start, why: the S3 tests skip with that reason, the others run."""
+    try:
+        from tests.s3server import S3Server
+
+        server = S3Server()
+    except (ImportError, OSError) as err:
+        yield f"no S3 server for the tests (moto[server] from the dev extra): {type(err).__name__}: {err}"
+        return
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server) -> str:
+    """A new, empty bucket on the test S3 server: its s3:// URL."""
+    if isinstance(s3_server, str):
+        pytest.skip(s3_server)
+    return s3_server.new_bucket()
+
+
+@pytest.fixture(scope="session")
+def ray_session(s3_server):  # the S3 server first: Ray's workers inherit its address from the environment
     import ray
 
     if not ray.is_initialized():

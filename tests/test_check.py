@@ -1,5 +1,6 @@
 """check_recipe: what a run needs from this machine, found before Ray starts and before any output is touched."""
 import hashlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,61 @@ def test_a_failed_check_leaves_the_previous_output_alone_and_starts_no_ray(tmp_p
     assert done.stdout.strip() == "no ray"
     assert "cannot run here" in done.stderr and ("matched no files" in done.stderr or "'nope.json'" in done.stderr)
     assert tree_digest(out) == before
+
+
+def test_an_s3_source_that_cannot_be_listed_names_the_url_and_the_cause(tmp_path, s3):
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    bucketless = "s3://no-such-bucket-datapipe/in/*.jsonl"
+    problems = problems_of(write_recipe(tmp_path, [{"name": "web", "type": "jsonl", "paths": [bucketless]},
+                                                   {"name": "empty", "type": "jsonl", "paths": [f"{s3}/in/*.jsonl"]},
+                                                   {"name": "local", "type": "jsonl", "paths": ["a.jsonl"]}]))
+    assert problems[0].startswith(f"sources.web.paths: cannot list {bucketless} (FileNotFoundError: ")
+    assert "The specified bucket does not exist" in problems[0]
+    assert problems[1].startswith(f"sources.empty.paths: ['{s3}/in/*.jsonl'] matched no files") and len(problems) == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gcsfs") is not None, reason="gcsfs is installed here")
+def test_a_url_whose_filesystem_package_is_missing_says_what_to_install(tmp_path):
+    [problem] = problems_of(write_recipe(tmp_path, [{"name": "web", "type": "jsonl", "paths": ["gs://b/x.jsonl"]}]))
+    assert problem.startswith("sources.web.paths: cannot list gs://b/x.jsonl (no filesystem for gs://")
+    assert problem.endswith("pip install gcsfs)")
+
+
+@pytest.fixture
+def no_s3_credentials(s3, monkeypatch):
+    """The test server's bucket, seen from a machine that has no AWS credentials set."""
+    import s3fs
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(Path(s3.removeprefix("s3://")) / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(Path(s3.removeprefix("s3://")) / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance metadata service to ask either
+    s3fs.S3FileSystem.clear_instance_cache()  # a cached filesystem keeps the credentials it started with
+    yield s3
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_no_credentials_is_a_recipe_error_before_the_run_and_a_reject_in_a_reader(tmp_path, no_s3_credentials):
+    from datapipe.readers.tabular import read_jsonl
+    from tests.test_sources import source
+
+    url = f"{no_s3_credentials}/in/a.jsonl"
+    [problem] = problems_of(write_recipe(tmp_path, [{"name": "web", "type": "jsonl", "paths": [url]}]))
+    assert problem.startswith(f"sources.web.paths: cannot list {url} (NoCredentialsError: Unable to locate credentials)")
+    assert "s3fs reads AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in problem and "every Ray node" in problem
+    [doc] = read_jsonl(source(), url)  # a worker without credentials: one reject naming the URL and the cause
+    assert doc["reject"] == "read.unreadable_file" and doc["text"] == f"{url}: NoCredentialsError: Unable to locate credentials"
+
+
+def test_a_source_no_worker_could_open_fails_the_run(tmp_path, ray_session, capsys):
+    from datapipe import cli
+
+    (tmp_path / "crawl.warc").mkdir()  # listed here, unreadable where the work runs (as a node without the mount)
+    recipe = write_recipe(tmp_path, [{"name": "web", "type": "warc", "paths": ["*.warc"]},
+                                     {"name": "code", "type": "python_programs", "count": 3}])
+    assert cli.main(["run", str(recipe), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "sources web: no input could be read where the work ran" in " ".join(error.split())
+    rejects = (tmp_path / "out" / "rejects" / "rejects.jsonl").read_text()
+    assert "read.unreadable_file" in rejects and "crawl.warc" in rejects

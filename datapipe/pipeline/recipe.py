@@ -61,7 +61,9 @@ class Source(Strict):
 
 
 class FileSource(Source):
-    paths: list[str] = Field(min_length=1)  # files, folders or globs; relative paths resolve against the recipe's folder
+    # files, folders or globs: local (relative ones start at the recipe's folder), file://, or fsspec URLs
+    # (s3://bucket/prefix/*.jsonl.gz, gs://..., https://... for single files)
+    paths: list[str] = Field(min_length=1)
 
 
 class TabularSource(FileSource):

@@ -39,7 +39,7 @@ from datapipe.packing.groups import GroupJob, plan_groups, run_group
 from datapipe.packing.writer import write_manifest, write_run_manifest
 from datapipe.pipeline import registry
 from datapipe.pipeline.apply import apply_stage, cached_stage
-from datapipe.pipeline.check import check_recipe
+from datapipe.pipeline.check import check_read, check_recipe, list_inputs
 from datapipe.pipeline.inputs import plan_partitions, read_partition
 from datapipe.pipeline.partitions import (
     CommitSettings,
@@ -63,7 +63,6 @@ from datapipe.stage import StageConfig
 from datapipe.storage import Store
 
 READ_BATCH = 1024  # documents per Arrow block out of a reader
-UNREACHABLE = ("read.missing_file", "read.unreadable_file", "read.unreadable_dataset")  # an input a worker could not open
 
 
 def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: str | None = None,
@@ -72,18 +71,18 @@ def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: s
     <out>/stats.json. Every check that needs no cluster comes before Ray starts, and none of them
     touches a previous run's output."""
     console = console or Console(stderr=True)
-    check_recipe(recipe)
+    inputs = check_recipe(recipe)  # every source's inputs, listed once, here
     run = open_run(Store(out_dir or Path("out") / recipe.name), recipe, restart)
     if run.finished:
         console.print(f"{run.out.location} holds this recipe's finished run; nothing to do (--restart runs it again)")
         return json.loads(run.out.read_text("stats.json"))
-    plan = plan_partitions(recipe)
+    plan = plan_partitions(recipe, inputs)
     run.check_plan(plan)
     connect(recipe.ray, ray_address)
     check_actor_cpus(recipe)
     started = time.monotonic()
     partitions = commit_documents(recipe, plan, run, console)
-    check_sources_reachable(recipe, plan, partitions)
+    check_read(recipe, inputs, partition_stats(recipe, partitions))
     phases = pack_phases(recipe, partitions, run, console)
     stats = run_stats(recipe, partitions, account_partitions(recipe, partitions, run), phases, started)
     run.target.write_bytes("stats.json", json.dumps(stats, indent=2).encode())
@@ -125,17 +124,12 @@ def commit_documents(recipe: Recipe, plan: list[dict[str, Any]], run: RunFolder,
     return [done[index] for index in range(len(plan))]
 
 
-def check_sources_reachable(recipe: Recipe, plan: list[dict[str, Any]], partitions: list[Partition]) -> None:
-    """A source none of whose inputs could be opened where the work ran is a wrong path or a node that
-    cannot see the data, not data: the run stops (its reads are committed: a fixed rerun reuses the rest)."""
-    for source in recipe.sources:
-        parts = [part for part, item in zip(partitions, plan) if item["source"] == source.name]
-        read = sum(part.stats.get("records_in", {}).get(source.name, 0) for part in parts)
-        lost = sum(part.stats.get("rejected", {}).get(reason, 0) for part in parts for reason in UNREACHABLE)
-        if source.type not in registry.GENERATORS and read and lost == read:
-            raise RunError(f"source {source.name!r}: none of its {len(parts)} inputs could be opened where the work "
-                           "ran (every record is read.missing_file or read.unreadable_*: see rejects/); check that "
-                           "the paths exist on every node (a shared mount or an object store URL)")
+def partition_stats(recipe: Recipe, partitions: list[Partition]) -> RunStats:
+    """The run's figures as the committed partitions counted them (before packing's late rejects)."""
+    stats = RunStats(recipe.name)
+    for part in partitions:
+        stats.add(part.stats)
+    return stats
 
 
 def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder, console: Console) -> dict[str, Any]:
@@ -203,9 +197,7 @@ def account_partitions(recipe: Recipe, partitions: list[Partition], run: RunFold
 
 def run_stats(recipe: Recipe, partitions: list[Partition], accounts: list[dict[str, Any]], phases: dict[str, Any],
               started: float) -> dict[str, Any]:
-    stats = RunStats(recipe.name)
-    for part in partitions:
-        stats.add(part.stats)
+    stats = partition_stats(recipe, partitions)
     for account in accounts:
         stats.add(account["stats"])
     stats.phases = phases
@@ -267,7 +259,7 @@ def build_plan(recipe: Recipe, plan: list[dict[str, Any]] | None = None, todo: l
     """The partitions to do (default: all) of each source, their union, then the recipe's stages in
     order. `work` is the run's work folder (global stages keep their files there; default: a
     temporary folder, for callers outside a run)."""
-    plan = plan_partitions(recipe) if plan is None else plan
+    plan = plan_partitions(recipe, list_inputs(recipe)) if plan is None else plan
     todo = range(len(plan)) if todo is None else todo
     work = work or Store(tempfile.mkdtemp(prefix="datapipe-work-"))
     datasets = [read_source(recipe, source, [{**plan[i], "partition": i} for i in todo

@@ -22,9 +22,10 @@ from typing import Any
 from datapipe.schema import Document
 
 LENGTH_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)  # characters; x4 steps from a tweet to a book chapter
-COUNTERS = ("records_in", "created", "written", "rejected", "stage_passed", "stage_rejected", "stage_bytes_in",
+COUNTERS = ("records_in", "unopened", "created", "written", "rejected", "stage_passed", "stage_rejected", "stage_bytes_in",
             "stage_bytes_rejected", "rejected_bytes", "languages", "pii")  # RunStats' Counter attributes
 UNKNOWN_LANGUAGE = "unknown"  # the languages entry of documents no langid stage labelled
+UNOPENED = ("read.missing_file", "read.unreadable_file")  # a reader could not open its input (or a file it names)
 
 
 class RunStats:
@@ -32,6 +33,7 @@ class RunStats:
         self.recipe_name = recipe_name
         self.started = time.monotonic()
         self.records_in: Counter[str] = Counter()  # by source
+        self.unopened: Counter[str] = Counter()  # by source: UNOPENED rejects (check.check_read reads it)
         self.created: Counter[str] = Counter()  # by source
         self.written: Counter[str] = Counter()  # by source
         self.rejected: Counter[str] = Counter()  # by reason
@@ -50,6 +52,8 @@ class RunStats:
     def count(self, doc: Document) -> None:
         origin = self.created if doc["derived_from"] else self.records_in
         origin[doc["source"]] += 1
+        if doc["reject"] in UNOPENED:
+            self.unopened[doc["source"]] += 1
         self.stage_passed.update(doc["transforms"])
         self.stage_bytes_in.update(doc["bytes_in"])
         self.pii.update(doc["pii"])

@@ -1,26 +1,45 @@
-"""Input files opened by extension, streaming: plain, gzip, or zstd read frame by frame."""
+"""Input files opened by extension, streaming: plain, gzip, or zstd read frame by frame; local
+paths and URLs alike (datapipe.storage.open_input)."""
 from __future__ import annotations
 
 import gzip
 import io
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import zstandard
+
+from datapipe.storage import open_input
 
 # Errors a decompressor raises on a damaged stream (gzip: BadGzipFile is an OSError, a
 # truncated member is an EOFError); anything else is a bug and surfaces.
 CORRUPT_STREAM_ERRORS = (EOFError, OSError, zlib.error, zstandard.ZstdError)
 
 
-def open_binary(path: Path) -> BinaryIO:
+def open_binary(location: str | Path) -> BinaryIO:
     """Open plain, gzip or zstd files by extension, streaming."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rb")
-    if path.suffix in (".zst", ".zstd"):
-        return io.BufferedReader(ZstdFrames(open(path, "rb")))
-    return open(path, "rb")
+    name = str(location)
+    raw = open_input(name)
+    if name.endswith(".gz"):
+        return GzipReader(raw)
+    if name.endswith((".zst", ".zstd")):
+        return io.BufferedReader(ZstdFrames(raw))
+    return raw
+
+
+class GzipReader(gzip.GzipFile):
+    """gzip over a stream it owns: closing it closes the stream (a GzipFile leaves a given one open)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 class ZstdFrames(io.RawIOBase):

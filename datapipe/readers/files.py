@@ -9,6 +9,11 @@ in meta["manifest"]. The kind comes from the extension (`.svg` svg, `.html` html
 its local assets live in (the file's own folder), which renderers serve and nothing outside it.
 A manifest's columns never reach asset_dir: they stay in meta["manifest"].
 
+Files and manifests may be URLs (s3://, gs://, https://): the document's text is the file, its
+meta path the URL, and its asset_dir "" (renderers read local folders only, so a remote page's
+relative images are not served). A remote manifest's rows name files within its bucket: an
+absolute name starts at the bucket's root and ".." stops there.
+
 Text is decoded as UTF-8 (a BOM honoured); failing that, by the charset the file declares
 (XML `encoding=`, HTML `<meta charset>`), then cp1252, which maps every byte. A missing or
 unreadable file, one with NUL bytes (binary) or over MAX_FILE_BYTES is a reject with its path.
@@ -21,8 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from datapipe.schema import Document, new_document, new_reject
+from datapipe.storage import is_url, join_location, open_input, parent_of
 
 MAX_FILE_BYTES = 16 << 20  # larger "source files" are data, not code a renderer should see
 EXTENSION_KINDS = {
@@ -47,37 +54,43 @@ def read_files(cfg: Any, path: str) -> Iterator[Document]:
     if path.endswith(MANIFEST_SUFFIXES):
         yield from read_manifest(cfg, path)
     else:
-        yield read_file(cfg, Path(path), str(path), {})
+        yield read_file(cfg, path, path, {})
 
 
 def read_manifest(cfg: Any, path: str) -> Iterator[Document]:
     from datapipe.readers.tabular import read_jsonl  # rows come back as documents: malformed lines are rejects already
 
-    manifest_dir = Path(path).resolve().parent
+    manifest_dir = parent_of(path)
     rows = read_jsonl(ManifestRows(cfg.name, cfg.file_field, cfg.kind), path)
     for row in rows:
         if row["reject"]:
             yield row
             continue
-        yield read_file(cfg, manifest_dir / row["text"], row["text"], {"manifest": row["meta"]} if row["meta"] else {})
+        extra = {"manifest": row["meta"]} if row["meta"] else {}
+        yield read_file(cfg, join_location(manifest_dir, row["text"]), row["text"], extra)
 
 
-def read_file(cfg: Any, path: Path, source_id: str, extra: dict[str, Any]) -> Document:
+def read_file(cfg: Any, path: str, source_id: str, extra: dict[str, Any]) -> Document:
     try:
-        data = path.read_bytes() if path.stat().st_size <= MAX_FILE_BYTES else None
+        with open_input(path) as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)  # one byte more than allowed tells a file too large
     except FileNotFoundError as err:
         return new_reject(cfg.name, source_id, "read.missing_file", str(err))
     except OSError as err:
         return new_reject(cfg.name, source_id, "read.unreadable_file", f"{type(err).__name__}: {err}")
-    if data is None:
+    if len(data) > MAX_FILE_BYTES:
         return new_reject(cfg.name, source_id, "read.too_large", f"{path}: over {MAX_FILE_BYTES} bytes")
     if b"\x00" in data[:8192]:
         return new_reject(cfg.name, source_id, "read.binary_file", str(path))
     text, encoding = decode(data)
-    kind = EXTENSION_KINDS.get(path.suffix.lower(), cfg.kind)
-    resolved = path.resolve()
-    meta = {"path": str(resolved), "bytes": len(data), "encoding": encoding, **extra}
-    return new_document(cfg.name, source_id, text, kind=kind, meta=meta, asset_dir=str(resolved.parent))
+    if is_url(path):  # no local folder a renderer could serve
+        where, asset_dir, suffix = path, "", Path(urlsplit(path).path).suffix
+    else:
+        resolved = Path(path).resolve()
+        where, asset_dir, suffix = str(resolved), str(resolved.parent), resolved.suffix
+    meta = {"path": where, "bytes": len(data), "encoding": encoding, **extra}
+    kind = EXTENSION_KINDS.get(suffix.lower(), cfg.kind)
+    return new_document(cfg.name, source_id, text, kind=kind, meta=meta, asset_dir=asset_dir)
 
 
 def decode(data: bytes) -> tuple[str, str]:

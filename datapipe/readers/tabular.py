@@ -4,19 +4,21 @@ A reader never raises on bad input: a malformed line, invalid UTF-8, a missing o
 empty text field becomes one reject record with its file, line and reason; an
 unreadable or corrupt file becomes one reject at the position where reading
 stopped, after the good records before it. Blank lines carry no record and are
-skipped.
+skipped. A path may be a URL (s3://, gs://, https://): opened through fsspec, a file
+that cannot be fetched (no credentials, no answer) is one read.unreadable_file reject.
 """
 from __future__ import annotations
 
 import codecs
+import contextlib
 import datetime
 import json
 import re
-from pathlib import Path
 from typing import Any, Iterator
 
 from datapipe.readers.compressed import CORRUPT_STREAM_ERRORS, open_binary
 from datapipe.schema import Document, new_document, new_reject
+from datapipe.storage import RemoteError, input_exists, is_url, local_folder, open_input
 
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only such escapes can make a lone surrogate
 
@@ -24,7 +26,7 @@ SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only such escapes can mak
 def read_jsonl(cfg: Any, path: str) -> Iterator[Document]:
     lineno = 0
     try:
-        with open_binary(Path(path)) as stream:
+        with open_binary(path) as stream:
             for lineno, line in enumerate(stream, start=1):
                 if lineno == 1 and line.startswith(codecs.BOM_UTF8):
                     line = line[len(codecs.BOM_UTF8):]  # a UTF-8 byte order mark is no part of the first record
@@ -32,7 +34,7 @@ def read_jsonl(cfg: Any, path: str) -> Iterator[Document]:
                     yield parse_json_line(cfg, line, f"{path}:{lineno}")
     except FileNotFoundError as err:
         yield new_reject(cfg.name, path, "read.missing_file", str(err))
-    except PermissionError as err:
+    except (PermissionError, IsADirectoryError, RemoteError) as err:
         yield new_reject(cfg.name, path, "read.unreadable_file", str(err))
     except CORRUPT_STREAM_ERRORS as err:
         yield new_reject(cfg.name, f"{path}:{lineno + 1}", "read.corrupt_file", f"{type(err).__name__}: {err}")
@@ -96,25 +98,45 @@ def read_parquet(cfg: Any, path: str) -> Iterator[Document]:
 
     row_index = 0
     try:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
-                yield document_from_row(cfg, row, f"{path}:{row_index}")
-                row_index += 1
+        # A local file through Arrow's own reader; a URL through fsspec, seekable: Parquet reads its footer first
+        with open_input(path) if is_url(path) else contextlib.nullcontext(path) as stream:
+            for batch in pq.ParquetFile(stream).iter_batches(batch_size=1024):
+                for row in batch.to_pylist():
+                    yield document_from_row(cfg, row, f"{path}:{row_index}")
+                    row_index += 1
     except FileNotFoundError as err:
         yield new_reject(cfg.name, path, "read.missing_file", str(err))
+    except (PermissionError, RemoteError) as err:
+        yield new_reject(cfg.name, f"{path}:{row_index}", "read.unreadable_file", str(err))
     except (OSError, pa.ArrowException) as err:
         yield new_reject(cfg.name, f"{path}:{row_index}", "read.corrupt_file", f"{type(err).__name__}: {err}")
 
 
 def read_hf_disk(cfg: Any, path: str) -> Iterator[Document]:
-    """A Hugging Face `datasets` Dataset or DatasetDict written with save_to_disk."""
-    import datasets
-
-    if not Path(path).exists():  # a typo, or a pattern that matched nothing: as the file readers say it
+    """A Hugging Face `datasets` Dataset or DatasetDict written with save_to_disk. On object storage
+    the folder is copied to a temporary local one for the task (datasets memory-maps local Arrow
+    files), deleted when the task has read it."""
+    try:
+        exists = input_exists(path)
+    except OSError as err:
+        yield new_reject(cfg.name, path, "read.unreadable_file", str(err))
+        return
+    if not exists:  # a typo, or a pattern that matched nothing: as the file readers say it
         yield new_reject(cfg.name, path, "read.missing_file", f"no such folder: {path}")
         return
     try:
-        loaded = datasets.load_from_disk(path)
+        with local_folder(path) as folder:
+            yield from read_saved_dataset(cfg, folder, path)
+    except OSError as err:  # the copy failed (read_saved_dataset turns its own errors into rejects)
+        yield new_reject(cfg.name, path, "read.unreadable_file", str(err))
+
+
+def read_saved_dataset(cfg: Any, folder: str, path: str) -> Iterator[Document]:
+    """The rows of a local save_to_disk folder; ids name `path`, where the folder came from."""
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(folder)
     except (FileNotFoundError, ValueError, OSError) as err:
         yield new_reject(cfg.name, path, "read.unreadable_dataset", f"{type(err).__name__}: {err}")
         return

@@ -14,7 +14,8 @@ the page decoded by `datapipe.text.charset` (declared charset, BOM, <meta>, else
 detected); WET conversion records become `kind="text"`. URL, date, record id, HTTP
 status and charset go to meta. Other record types (warcinfo, request, metadata,
 revisit) are not documents and are skipped; non-HTML and non-2xx responses are
-rejected with their content type or status, so they stay counted.
+rejected with their content type or status, so they stay counted. A path may be a URL
+(s3://, gs://, https://), streamed through fsspec (datapipe.storage.open_input).
 """
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from datapipe.schema import Document, new_document, new_reject
+from datapipe.storage import RemoteError, open_input
 from datapipe.text.charset import decode_html
 
 CHUNK = 1 << 20  # bytes read from disk at a time
@@ -57,7 +58,7 @@ class Record:
 def read_warc(cfg: Any, path: str) -> Iterator[Document]:
     """The FILE_READERS entry: every document record of one archive, bad ones as rejects."""
     try:
-        for record in iter_records(Path(path)):
+        for record in iter_records(path):
             doc = record_to_document(cfg, path, record)
             if doc is not None:
                 yield doc
@@ -67,7 +68,7 @@ def read_warc(cfg: Any, path: str) -> Iterator[Document]:
         yield new_reject(cfg.name, path, "read.unreadable_file", f"{type(err).__name__}: {err}")
 
 
-def iter_records(path: Path) -> Iterator[Record]:
+def iter_records(path: str) -> Iterator[Record]:
     parser = RecordParser()
     for chunk in iter_chunks(path):
         if isinstance(chunk, str):
@@ -77,9 +78,9 @@ def iter_records(path: Path) -> Iterator[Record]:
     yield from parser.finish()
 
 
-def iter_chunks(path: Path) -> Iterator[bytes | str]:
+def iter_chunks(path: str) -> Iterator[bytes | str]:
     """Decompressed bytes; a str item reports a damaged gzip member (then bytes resume)."""
-    with open(path, "rb") as raw:
+    with open_input(path) as raw:
         head = raw.read(4)
         raw.seek(0)
         if head[:2] == GZIP_MAGIC[:2]:
@@ -370,11 +371,15 @@ def decode_brotli(body: bytes) -> bytes:
 def read_html(cfg: Any, path: str) -> Iterator[Document]:
     """The FILE_READERS entry for saved pages: one `kind="html"` document per file (.html, .html.gz)."""
     try:
-        data = Path(path).read_bytes()
+        with open_input(path) as stream:
+            data = stream.read()
         if data[:2] == GZIP_MAGIC[:2]:
             data = gzip.decompress(data)
     except FileNotFoundError as err:
         yield new_reject(cfg.name, path, "read.missing_file", str(err))
+        return
+    except (PermissionError, IsADirectoryError, RemoteError) as err:
+        yield new_reject(cfg.name, path, "read.unreadable_file", f"{type(err).__name__}: {err}")
         return
     except (OSError, EOFError, zlib.error) as err:
         yield new_reject(cfg.name, path, "read.corrupt_file", f"{type(err).__name__}: {err}")
