@@ -1,6 +1,7 @@
 """check_recipe: what a run needs from this machine, found before Ray starts and before any output is touched."""
 import hashlib
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from datapipe.pipeline.check import check_recipe
+from datapipe.pipeline.inspect import read_rejects
 from datapipe.pipeline.recipe import RecipeError, load_recipe
 from tests.conftest import write_jsonl
 
@@ -153,5 +155,5 @@ def test_a_source_no_worker_could_open_fails_the_run(tmp_path, ray_session, caps
     assert cli.main(["run", str(recipe), "--out", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert "sources web: no input could be read where the work ran" in " ".join(error.split())
-    rejects = (tmp_path / "out" / "rejects" / "rejects.jsonl").read_text()
+    rejects = "".join(json.dumps(line) for line in read_rejects(tmp_path / "out"))
     assert "read.unreadable_file" in rejects and "crawl.warc" in rejects

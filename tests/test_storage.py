@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from datapipe import cli
+from datapipe.pipeline.inspect import read_rejects
 from datapipe.storage import (
     Store,
     filesystem,
@@ -127,7 +128,7 @@ def test_a_recipe_whose_sources_are_on_s3_runs_end_to_end(s3, tmp_path, tiny_tok
     stats = json.loads((out / "stats.json").read_text())
     assert stats["records_in"] == {"web": 13, "pages": 1} and stats["rejected"] == {"read.missing_file": 1}
     assert stats["written"] == {"web": 12, "pages": 1} and stats["balanced"]
-    [reject] = [json.loads(line) for line in (out / "rejects" / "rejects.jsonl").open()]
+    [reject] = list(read_rejects(out))
     assert reject["source_id"] == f"{s3}/web/gone.jsonl"
     trained = tmp_path / "tok"  # `datapipe tokenizer train` reads the same recipe's sources, in this process
     assert cli.main(["tokenizer", "train", str(recipe), "--vocab-size", "300", "--out", str(trained)]) == 0

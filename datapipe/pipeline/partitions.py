@@ -186,7 +186,7 @@ def account_partition(partition: Partition, phases: list[str], work: Store, out:
     corpus = corpus_from_tables([read_piece(work, name) for name in partition.pieces], [])
     lines = [json.loads(line) for name in partition.rejects for line in work.read_bytes(name).decode().splitlines()]
     stats = RunStats("")
-    if len(corpus.lengths):
+    if len(corpus.lengths) and phases:  # no phases: a run stopped before packing writes its readers' rejects
         uses, miss = read_usage(work, phases, partition.index)
         unused = np.flatnonzero(uses == 0)
         for row, record in zip(unused.tolist(), corpus.describe(unused.tolist())):
@@ -201,7 +201,8 @@ def account_partition(partition: Partition, phases: list[str], work: Store, out:
         out.write_bytes(rejects_name(partition.index),
                         "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode())
     account = {"stats": stats.counters(), "rejects": len(lines)}
-    work.write_bytes(account_name(partition.index), json.dumps(account).encode())
+    if phases:  # the partition's account is final: a rerun reads it back
+        work.write_bytes(account_name(partition.index), json.dumps(account).encode())
     return account
 
 

@@ -82,7 +82,11 @@ def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: s
     check_actor_cpus(recipe)
     started = time.monotonic()
     partitions = commit_documents(recipe, plan, run, console)
-    check_read(recipe, inputs, partition_stats(recipe, partitions))
+    try:
+        check_read(recipe, inputs, partition_stats(recipe, partitions))
+    except RunError:
+        account_partitions(recipe, partitions, run, phases=[])  # the rejects files name every input and its error
+        raise
     phases = pack_phases(recipe, partitions, run, console)
     stats = run_stats(recipe, partitions, account_partitions(recipe, partitions, run), phases, started)
     run.target.write_bytes("stats.json", json.dumps(stats, indent=2).encode())
@@ -183,11 +187,13 @@ def write_phase(recipe: Recipe, phase, groups: list[dict[str, Any]], targets, ru
     return phase_stats(phase, targets, names, [group["stats"] for group in groups], wall_s)
 
 
-def account_partitions(recipe: Recipe, partitions: list[Partition], run: RunFolder) -> list[dict[str, Any]]:
-    """Every partition's late rejects and rejects file (Ray tasks; a killed run's read back)."""
+def account_partitions(recipe: Recipe, partitions: list[Partition], run: RunFolder,
+                       phases: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every partition's late rejects and rejects file (Ray tasks; a killed run's read back). With
+    phases=[] (a run that stops before packing) only the readers' and stages' rejects are written."""
     import ray
 
-    phases = [phase.name for phase in recipe.phases]
+    phases = [phase.name for phase in recipe.phases] if phases is None else phases
     account = ray.remote(account_partition).options(num_cpus=1, max_retries=3)
     stored = [run.work.read_text(account_name(part.index)) for part in partitions]
     refs = [account.remote(part, phases, run.work, run.target) if text is None else None
