@@ -163,3 +163,18 @@ os.kill(os.getpid(), 9)
         assert their_pid in reaper.processes(), "a process of another session was stopped"
     finally:
         os.kill(their_pid, signal.SIGKILL)
+
+
+def test_a_process_belongs_to_a_folder_by_whole_path_only():
+    paths = {"--session-dir=/x/session_1": True, "/x/session_1/logs/raylet.out": True,
+             "--python_worker_command=python w.py --store=/x/session_1/sockets/plasma --x=1": True,
+             "/x/session_12": False, "/y/x/session_1/logs": False}
+    for argument, expected in paths.items():
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", argument])
+        command = reaper.PROC / str(process.pid) / "cmdline"
+        try:  # the kernel may show the new command line a moment after Popen returns
+            wait_until(lambda path=command, text=argument: text.encode() in path.read_bytes(), 30, "no command line")
+            assert reaper.in_folder(process.pid, "/x/session_1") is expected, argument
+        finally:
+            process.kill()
+            process.wait()

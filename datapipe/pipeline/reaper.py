@@ -26,6 +26,7 @@ watchdog starts and a killed driver can leave the agents behind, as plain Ray do
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -89,12 +90,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def stop(session: str, recorded: dict[int, int], exclude: set[int]) -> int:
-    """SIGTERM the session's processes, SIGKILL what is left; return how many there were."""
+def stop(folder: str, recorded: dict[int, int], exclude: set[int]) -> int:
+    """SIGTERM the processes of the Ray session in `folder` (or of every session under a node's temp
+    folder), with those in `recorded` ({pid: start time}); SIGKILL what is left. Return how many there were."""
     seen: set[tuple[int, int]] = set()
     for round_ in range(ROUNDS):
         table = processes()
-        targets = {pid: table[pid].start for pid in session_processes(session, recorded, table) - exclude}
+        targets = {pid: table[pid].start for pid in session_processes(folder, recorded, table) - exclude}
         if not targets:
             break
         seen.update(targets.items())
@@ -106,21 +108,23 @@ def stop(session: str, recorded: dict[int, int], exclude: set[int]) -> int:
     return len(seen)
 
 
-def session_processes(session: str, recorded: dict[int, int], table: dict[int, Process]) -> set[int]:
+def session_processes(folder: str, recorded: dict[int, int], table: dict[int, Process]) -> set[int]:
     """The live processes of the session (see the module docstring), with their descendants."""
     roots = {pid for pid, start in recorded.items() if pid in table and table[pid].start == start}
-    if session:
-        roots |= {pid for pid in table if in_session(pid, session)}
+    if folder:
+        roots |= {pid for pid in table if in_folder(pid, folder)}
     return {pid for pid in descendants(roots, table) | roots if pid in table and not table[pid].zombie}
 
 
-def in_session(pid: int, session: str) -> bool:
-    """The command line names the session folder, or stdout or stderr is a file in it."""
-    folder = session.rstrip("/") + "/"
+def in_folder(pid: int, folder: str) -> bool:
+    """The command line names the folder, or stdout or stderr is a file in it."""
+    folder = folder.rstrip("/")
+    # The whole path, as an argument or after `--opt=`: not /x/session_12 for /x/session_1, nor /y/x/session_1
+    path = re.compile(rb"(?:^|[\0= ])" + re.escape(folder.encode()) + rb"(?:[/\0 ]|$)")
     try:
-        if folder.encode() in (PROC / str(pid) / "cmdline").read_bytes():
+        if path.search((PROC / str(pid) / "cmdline").read_bytes()):
             return True
-        return any(os.readlink(PROC / str(pid) / "fd" / str(fd)).startswith(folder) for fd in (1, 2))
+        return any(os.readlink(PROC / str(pid) / "fd" / str(fd)).startswith(f"{folder}/") for fd in (1, 2))
     except OSError:  # gone, or another user's process: not ours to stop anyway
         return False
 

@@ -1,0 +1,154 @@
+"""Two Ray nodes on this machine, started as a user starts a cluster: `ray start --head`, then
+`ray start --address` for a second raylet with a custom resource (node2), each with its own
+--temp-dir (Ray allows one per node), 1 CPU each, token authentication on.
+
+A recipe whose tokenize stage asks for `resources: {node2: 1}` runs its tokenize actors on the
+second node and writes the same shards as the unpinned recipe on the suite's local Ray; a tokenize
+actor killed mid-run changes nothing either. Placement is read from where each actor's process
+logs: every raylet writes its workers' logs under its own --temp-dir, and Ray opens an actor's
+log with `:actor_name:<class>`. The cluster's processes are stopped by folder (reaper.stop), not
+by `ray stop`, which stops every Ray process of the machine, other people's included.
+"""
+import hashlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import yaml
+
+from datapipe import cli
+from datapipe.pipeline import reaper
+from tests.conftest import tiny_recipe, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+RAY = str(Path(sys.executable).with_name("ray"))
+TOKENIZE_ACTOR = "MapWorker(MapBatches(TokenizeActor))"  # the class name Ray Data gives the tokenize pool's actors
+RUN_S = 400  # one run on the cluster; minutes when the 2 shared cores are loaded
+COMMON = ["--node-ip-address=127.0.0.1", "--num-cpus=1", f"--object-store-memory={128 << 20}",
+          "--disable-usage-stats"]
+
+
+class Cluster(NamedTuple):
+    address: str
+    env: dict[str, str]  # what a driver of this cluster needs: the token, this checkout on PYTHONPATH
+    head_tmp: str
+    node_tmp: str
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ray_start(args: list[str], env: dict[str, str]) -> None:
+    done = subprocess.run([RAY, "start", *args, *COMMON], env=env, capture_output=True, text=True, timeout=RUN_S)
+    assert done.returncode == 0, f"ray start {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    head_tmp, node_tmp = tempfile.mkdtemp(prefix="dph"), tempfile.mkdtemp(prefix="dpn")  # short: socket paths
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "PYTHONPATH": str(ROOT),
+           "RAY_agent_register_timeout_ms": "300000"}  # a raylet gives up on a slow agent after 30 s: too soon here
+    for name in ("RAY_ADDRESS", "RAY_TMPDIR"):
+        env.pop(name, None)
+    port = free_port()
+    try:
+        ray_start(["--head", f"--port={port}", f"--temp-dir={head_tmp}", "--include-dashboard=false"], env)
+        ray_start([f"--address=127.0.0.1:{port}", f"--temp-dir={node_tmp}", '--resources={"node2": 1}'], env)
+        yield Cluster(f"127.0.0.1:{port}", env, head_tmp, node_tmp)
+    finally:
+        for folder in (node_tmp, head_tmp):
+            reaper.stop(folder, {}, exclude={os.getpid()})
+
+
+def cluster_run(cluster: Cluster, recipe: Path, out: Path) -> subprocess.Popen:
+    with open(f"{out}.stderr", "w") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "datapipe.cli", "run", str(recipe), "--out", str(out),
+                                 "--ray-address", cluster.address], env=cluster.env, stdout=subprocess.DEVNULL,
+                                stderr=stderr)
+
+
+def finish(driver: subprocess.Popen) -> None:
+    out = driver.args[driver.args.index("--out") + 1]
+    assert driver.wait(RUN_S) == 0, Path(f"{out}.stderr").read_text()[-5000:]
+
+
+def shard_digests(out: Path) -> list[str]:
+    shards = sorted((out / "main").glob("*.tar"))
+    assert shards, f"no shards in {out}"
+    digests = [hashlib.sha256(shard.read_bytes()).hexdigest() for shard in shards]
+    manifest = json.loads((out / "main" / "manifest.json").read_text())
+    assert digests == [shard["sha256"] for shard in manifest["shards"]]
+    return digests
+
+
+def actor_logs(temp_dir: str, actor_class: str) -> list[Path]:
+    """The worker logs of a node (its --temp-dir) that Ray opened for an actor of this class."""
+    marker = f":actor_name:{actor_class}".encode()
+    return [log for log in Path(temp_dir).glob("session_*/logs/worker-*.out") if marker in log.read_bytes()]
+
+
+def recipes(tmp_path: Path, tokenizer: Path, programs: int) -> tuple[Path, Path]:
+    """The same recipe twice: as is, and with tokenize pinned to node2 (in folders of their own)."""
+    write_jsonl(tmp_path / "docs.jsonl", [{"id": str(i), "text": f"document {i} " * (1 + i % 9)} for i in range(60)])
+    sources = [{"name": "docs", "type": "jsonl", "paths": [str(tmp_path / "docs.jsonl")]},
+               {"name": "code", "type": "python_programs", "count": programs}]
+    paths = []
+    for name, pin in (("local", {}), ("pinned", {"resources": {"node2": 1}})):
+        (tmp_path / name).mkdir()
+        recipe = tiny_recipe(tmp_path / name, tokenizer, sources)
+        raw = yaml.safe_load(recipe.read_text())
+        raw["stages"][1].update(batch_size=32, **pin)  # small batches: many for the pool, a kill lands mid-run
+        recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+        paths.append(recipe)
+    return paths[0], paths[1]
+
+
+def test_a_stage_pinned_to_the_second_node_runs_there_and_changes_no_shard(cluster, tmp_path, tiny_tokenizer,
+                                                                           ray_session):
+    local, pinned = recipes(tmp_path, tiny_tokenizer, programs=200)
+    assert yaml.safe_load(pinned.read_text())["stages"][1]["resources"] == {"node2": 1}
+    finish(cluster_run(cluster, pinned, tmp_path / "cluster"))
+    assert cli.main(["run", str(local), "--out", str(tmp_path / "here")]) == 0
+    assert shard_digests(tmp_path / "cluster") == shard_digests(tmp_path / "here")
+    assert actor_logs(cluster.node_tmp, TOKENIZE_ACTOR) and not actor_logs(cluster.head_tmp, TOKENIZE_ACTOR)
+
+
+def test_a_tokenize_actor_killed_mid_run_changes_no_shard(cluster, tmp_path, tiny_tokenizer, ray_session):
+    local, pinned = recipes(tmp_path, tiny_tokenizer, programs=3000)
+    before = set(actor_logs(cluster.node_tmp, TOKENIZE_ACTOR))
+    driver = cluster_run(cluster, pinned, tmp_path / "cluster")
+    victim = wait_for_busy_actor(cluster.node_tmp, driver)
+    os.kill(victim, signal.SIGKILL)
+    finish(driver)
+    assert len(set(actor_logs(cluster.node_tmp, TOKENIZE_ACTOR)) - before) >= 2  # the killed actor and its restart
+    assert cli.main(["run", str(local), "--out", str(tmp_path / "here")]) == 0
+    assert shard_digests(tmp_path / "cluster") == shard_digests(tmp_path / "here")
+
+
+def wait_for_busy_actor(node_tmp: str, driver: subprocess.Popen) -> int:
+    """The pid of a tokenize actor on the node of `node_tmp` while it works on a batch."""
+    deadline = time.monotonic() + RUN_S
+    while time.monotonic() < deadline and driver.poll() is None:
+        for pid in reaper.processes():
+            try:
+                title = (reaper.PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if title.startswith(f"ray::{TOKENIZE_ACTOR}.submit") and reaper.in_folder(pid, node_tmp):
+                return pid
+        time.sleep(0.1)
+    raise AssertionError(f"no tokenize actor worked on node 2 while the run lasted (exit code {driver.poll()})")
