@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -72,6 +73,7 @@ def cluster():
     finally:
         for folder in (node_tmp, head_tmp):
             reaper.stop(folder, {}, exclude={os.getpid()})
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def cluster_run(cluster: Cluster, recipe: Path, out: Path) -> subprocess.Popen:

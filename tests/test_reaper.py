@@ -7,6 +7,7 @@ process may remain in its session, none may hold a file or name a path under tha
 watchdog itself must be gone.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +42,7 @@ def session_members(sid: int) -> list[str]:
 def holders(folder: str) -> list[int]:
     """Processes whose command line names `folder` or which hold any file under it."""
     found = []
-    for pid in reaper.processes():
+    for pid in set(reaper.processes()) - {os.getpid()}:
         base = reaper.PROC / str(pid)
         try:
             if folder.encode() in (base / "cmdline").read_bytes():
@@ -88,6 +89,7 @@ def ray_tmp():
     yield folder
     for pid in holders(folder):  # a failed test must not leave its Ray running either
         os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def start_run(recipe: Path, out: Path, ray_tmp: str) -> subprocess.Popen:
