@@ -118,38 +118,53 @@ def recipes(tmp_path: Path, tokenizer: Path, programs: int) -> tuple[Path, Path]
     return paths[0], paths[1]
 
 
-def test_a_stage_pinned_to_the_second_node_runs_there_and_changes_no_shard(cluster, tmp_path, tiny_tokenizer,
-                                                                           ray_session):
-    local, pinned = recipes(tmp_path, tiny_tokenizer, programs=200)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_tokenizer, ray_session) -> tuple[Path, list[str]]:
+    """The pinned recipe, and the shards' digests of the unpinned one run on the suite's local Ray."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    local, pinned = recipes(tmp, tiny_tokenizer, programs=3000)
+    assert cli.main(["run", str(local), "--out", str(tmp / "here")]) == 0
+    return pinned, shard_digests(tmp / "here")
+
+
+def test_a_stage_pinned_to_the_second_node_runs_there_and_changes_no_shard(cluster, reference, tmp_path):
+    pinned, local_digests = reference
     assert yaml.safe_load(pinned.read_text())["stages"][1]["resources"] == {"node2": 1}
     finish(cluster_run(cluster, pinned, tmp_path / "cluster"))
-    assert cli.main(["run", str(local), "--out", str(tmp_path / "here")]) == 0
-    assert shard_digests(tmp_path / "cluster") == shard_digests(tmp_path / "here")
+    assert shard_digests(tmp_path / "cluster") == local_digests
     assert actor_logs(cluster.node_tmp, TOKENIZE_ACTOR) and not actor_logs(cluster.head_tmp, TOKENIZE_ACTOR)
 
 
-def test_a_tokenize_actor_killed_mid_run_changes_no_shard(cluster, tmp_path, tiny_tokenizer, ray_session):
-    local, pinned = recipes(tmp_path, tiny_tokenizer, programs=3000)
+def test_a_tokenize_actor_killed_mid_batch_changes_no_shard(cluster, reference, tmp_path):
+    pinned, local_digests = reference
     before = set(actor_logs(cluster.node_tmp, TOKENIZE_ACTOR))
     driver = cluster_run(cluster, pinned, tmp_path / "cluster")
-    victim = wait_for_busy_actor(cluster.node_tmp, driver)
-    os.kill(victim, signal.SIGKILL)
+    os.kill(busy_actor(cluster.node_tmp, driver), signal.SIGKILL)
     finish(driver)
     assert len(set(actor_logs(cluster.node_tmp, TOKENIZE_ACTOR)) - before) >= 2  # the killed actor and its restart
-    assert cli.main(["run", str(local), "--out", str(tmp_path / "here")]) == 0
-    assert shard_digests(tmp_path / "cluster") == shard_digests(tmp_path / "here")
+    assert shard_digests(tmp_path / "cluster") == local_digests
 
 
-def wait_for_busy_actor(node_tmp: str, driver: subprocess.Popen) -> int:
-    """The pid of a tokenize actor on the node of `node_tmp` while it works on a batch."""
+def busy_actor(node_tmp: str, driver: subprocess.Popen) -> int:
+    """The pid of the tokenize actor on the node of `node_tmp`, caught working on a batch (Ray titles
+    the process `ray::<class>.submit` then): its batch is in flight when it dies."""
+    actor = wait_for(lambda: next((pid for pid in reaper.processes() if title(pid).startswith(f"ray::{TOKENIZE_ACTOR}")
+                                   and reaper.in_folder(pid, node_tmp)), None), driver, pause=0.1)
+    return wait_for(lambda: actor if title(actor).startswith(f"ray::{TOKENIZE_ACTOR}.submit") else None, driver,
+                    pause=0.002)  # a batch takes milliseconds: look often, at one process only
+
+
+def wait_for(find, driver: subprocess.Popen, pause: float):
     deadline = time.monotonic() + RUN_S
     while time.monotonic() < deadline and driver.poll() is None:
-        for pid in reaper.processes():
-            try:
-                title = (reaper.PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if title.startswith(f"ray::{TOKENIZE_ACTOR}.submit") and reaper.in_folder(pid, node_tmp):
-                return pid
-        time.sleep(0.1)
-    raise AssertionError(f"no tokenize actor worked on node 2 while the run lasted (exit code {driver.poll()})")
+        if (found := find()) is not None:
+            return found
+        time.sleep(pause)
+    raise AssertionError(f"the run ended (exit code {driver.poll()}) before a tokenize actor on node 2 was seen busy")
+
+
+def title(pid: int) -> str:
+    try:
+        return (reaper.PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
