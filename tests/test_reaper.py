@@ -123,6 +123,17 @@ def test_a_killed_driver_leaves_no_ray_process(tmp_path, tiny_tokenizer, ray_tmp
 
 
 @pytest.mark.slow
+def test_a_driver_killed_while_ray_starts_leaves_no_ray_process(tmp_path, tiny_tokenizer, ray_tmp):
+    """Killed as soon as its raylet exists: Ray is half up, and the watchdog may not know the session yet."""
+    driver = start_run(running_recipe(tmp_path, tiny_tokenizer, 50), tmp_path / "out", ray_tmp)
+    wait_until(lambda: any("raylet" in member.split()[1] for member in session_members(driver.pid)) or driver.poll(),
+               START_S, "the raylet never started")
+    driver.kill()
+    driver.wait()
+    assert_nothing_left(driver, ray_tmp)
+
+
+@pytest.mark.slow
 def test_ctrl_c_and_a_normal_exit_leave_no_ray_process(tmp_path, tiny_tokenizer, ray_tmp):
     driver = start_run(running_recipe(tmp_path, tiny_tokenizer, 2_000_000), tmp_path / "out", ray_tmp)
     wait_for_tokenize_actor(driver)

@@ -14,8 +14,9 @@ the driver exits however it exits, the watchdog stops every process of that sess
 - whose command line names the session folder (gcs_server, the raylet, the dashboard, the
   monitors), or whose stdout or stderr is a file in it (workers and agents: Ray replaces their
   command line with `ray::...`, but each writes its log there);
-- that the driver started while Ray was starting, recorded every 0.2 s with its start time (a
-  reused pid is never taken for it), so a driver killed inside `ray.init` leaves nothing either;
+- that the driver started after the watchdog, recorded every 0.2 s with its start time until the
+  folder is known (a reused pid is never taken for it): a driver killed inside `ray.init` leaves
+  nothing either;
 - and every descendant of those (a render actor's Chromium, an LLM actor's engine).
 
 SIGTERM first, SIGKILL 2 s later, then a last look for anything started meanwhile. Processes of
@@ -69,7 +70,7 @@ def tell_session(write_end: int | None, session_dir: str) -> None:
 def main(argv: list[str]) -> int:
     """The watchdog: wait for the driver's pipe to end, then stop its Ray session."""
     driver, me = int(argv[0]), os.getpid()
-    before = set(descendants({driver}, processes()))  # the driver's own children before Ray: not Ray's
+    born = processes()[me].start  # Popen returned before ray.init began: Ray's processes are all younger
     recorded: dict[int, int] = {}
     session, received = "", b""
     while True:
@@ -82,7 +83,8 @@ def main(argv: list[str]) -> int:
             session = received.decode(errors="replace").partition("\n")[0] if b"\n" in received else ""
         if not session:
             table = processes()
-            recorded.update({pid: table[pid].start for pid in descendants({driver}, table) if pid not in before})
+            recorded.update({pid: table[pid].start for pid in descendants({driver}, table) - {me}
+                             if table[pid].start >= born})
     stopped = stop(session, recorded, exclude={me, driver})
     if stopped:
         print(f"datapipe: stopped {stopped} processes that the run (pid {driver}) left of its Ray session "
