@@ -12,7 +12,9 @@ from __future__ import annotations
 import importlib
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+BUILTIN_RESOURCES = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "reserved_memory_mb"}  # Ray's own, asked for by these fields
 
 
 class Strict(BaseModel):
@@ -27,9 +29,51 @@ class StageConfig(Strict):
 
     stage: str  # the registry name
     batch_size: int = Field(256, ge=1)  # records per Ray Data batch: big enough to amortize per-batch overhead
-    concurrency: int | None = Field(None, ge=1)  # actor-pool size for warm stages; None = one actor
+    # Actor stages: at most N actors, or [min, max]; None = 1 up to as many as the cluster's resources hold.
+    # Ray Data grows the pool while its actors are busy, within the cluster's free resources.
+    concurrency: int | tuple[int, int] | None = None
     num_cpus: float | None = Field(None, gt=0)  # CPUs each task or actor reserves; None = Ray's default (1)
     num_gpus: float | None = Field(None, ge=0)  # GPUs each task or actor reserves (a vLLM engine: 1); None = none
+    # Heap memory each task or actor reserves (Ray's `memory` resource), in MiB; None = none. Not `memory_mb`,
+    # which the render stage already uses for its browser's heap cap.
+    reserved_memory_mb: int | None = Field(None, ge=1)
+    resources: dict[str, float] = {}  # custom resources each task or actor needs ({chromium: 1}): only nodes with them run it
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _pool_size(cls, value: Any) -> Any:
+        """One message for every wrong shape (pydantic would list one per member of the union)."""
+        if value is None or (type(value) is int and value >= 1):
+            return value
+        if (isinstance(value, list | tuple) and len(value) == 2 and all(type(v) is int for v in value)
+                and 1 <= value[0] <= value[1]):
+            return tuple(value)
+        raise ValueError(f"expected a number of actors (4: at most 4) or a range [min, max] with 1 <= min <= max "
+                         f"([2, 8]); got {value!r}")
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _custom_resources(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a mapping of resource names to amounts ({{chromium: 1}}); got {value!r}")
+        for name, amount in value.items():
+            if name in BUILTIN_RESOURCES:
+                raise ValueError(f"{name} is not a custom resource: use {BUILTIN_RESOURCES[name]} instead")
+            if type(amount) not in (int, float) or amount <= 0:
+                raise ValueError(f"{name}: expected a positive number of units per task or actor; got {amount!r}")
+        return value
+
+    def pool_range(self) -> tuple[int, int | None]:
+        """(min, max) actors of an actor stage; max None = as many as the cluster holds."""
+        if isinstance(self.concurrency, tuple):
+            return self.concurrency
+        return 1, self.concurrency
+
+    def reservation(self) -> dict[str, Any]:
+        """What each task or actor of this stage reserves, as keyword arguments of Ray Data's map_batches."""
+        options = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "resources": self.resources or None,
+                   "memory": self.reserved_memory_mb << 20 if self.reserved_memory_mb else None}
+        return {key: value for key, value in options.items() if value is not None}
 
 
 def load(target: str) -> Any:

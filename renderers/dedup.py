@@ -29,13 +29,14 @@ class Config(StageConfig):
 
     max_distance: int = Field(2, ge=0, le=63)  # bits of 256; 4 already joins folder-up with folder-down
     num_cpus: float | None = Field(0.1, gt=0)  # microseconds a record: it must not hold a core the renderers need
+    concurrency: int | tuple[int, int] | None = 1  # one actor, never sized to the cluster: see the module docstring
 
     @field_validator("concurrency")
     @classmethod
-    def _one_actor(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
+    def _one_actor(cls, value: int | tuple[int, int] | None) -> int:
+        if value not in (None, 1, (1, 1)):
             raise ValueError("render_dedup runs as one actor so that it is global and deterministic; drop concurrency")
-        return value
+        return 1
 
 
 class HashIndex:

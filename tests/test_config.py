@@ -191,9 +191,48 @@ def test_concurrency_on_a_stage_that_runs_as_tasks_is_refused(tmp_path):
     message = error_of(tmp_path, recipe)
     assert "stages[0].concurrency: normalize runs as Ray tasks, not an actor pool; drop concurrency" in message
     assert "render, render_dedup, rephrase, tokenize" in message
+    recipe["stages"][0]["concurrency"] = [1, 4]  # a range is refused there too
+    assert "stages[0].concurrency: normalize runs as Ray tasks" in error_of(tmp_path, recipe)
     recipe["stages"][0].pop("concurrency")
-    recipe["stages"][1]["concurrency"] = 2  # tokenize is an actor pool: its size is concurrency
-    assert load_recipe(write(tmp_path, recipe)).stages[1].concurrency == 2
+    recipe["stages"][1]["concurrency"] = 2  # tokenize is an actor pool: concurrency bounds it
+    assert load_recipe(write(tmp_path, recipe)).stages[1].pool_range() == (1, 2)
+
+
+def test_concurrency_is_a_maximum_or_a_range_and_unset_leaves_the_size_to_the_cluster(tmp_path):
+    recipe = base()
+    assert load_recipe(write(tmp_path, recipe)).stages[1].pool_range() == (1, None)
+    recipe["stages"][1]["concurrency"] = [2, 8]
+    assert load_recipe(write(tmp_path, recipe)).stages[1].pool_range() == (2, 8)
+    assert load_recipe(write(tmp_path, recipe), ["stages.tokenize.concurrency=[3, 3]"]).stages[1].pool_range() == (3, 3)
+    for wrong in ([8, 2], [0, 2], [2], [1, 2, 3], 0, 2.5, True, "4"):
+        recipe["stages"][1]["concurrency"] = wrong
+        message = error_of(tmp_path, recipe)
+        assert "stages[1].concurrency: expected a number of actors (4: at most 4) or a range [min, max]" in message
+        assert f"got {wrong!r}" in message and message.count("stages[1].concurrency") == 1
+
+
+def test_render_dedup_stays_one_actor_whatever_the_cluster():
+    from renderers.dedup import Config
+
+    assert Config(stage="render_dedup").pool_range() == (1, 1)
+    assert Config(stage="render_dedup", concurrency=None).pool_range() == (1, 1)
+    with pytest.raises(ValueError, match="runs as one actor"):
+        Config(stage="render_dedup", concurrency=[1, 2])
+
+
+def test_reserved_memory_and_custom_resources_are_validated_and_reach_ray_as_it_spells_them(tmp_path):
+    recipe = base()
+    recipe["stages"][0].update(reserved_memory_mb=512, resources={"chromium": 1, "node:10.0.0.2": 0.5})
+    stage = load_recipe(write(tmp_path, recipe)).stages[0]
+    assert stage.reservation() == {"memory": 512 << 20, "resources": {"chromium": 1, "node:10.0.0.2": 0.5}}
+    wrongs = {"reserved_memory_mb": (0, "greater than or equal to 1"),
+              "resources": ({"CPU": 2}, "CPU is not a custom resource: use num_cpus instead")}
+    for key, (wrong, expected) in wrongs.items():
+        recipe["stages"][0] = {"stage": "normalize", key: wrong}
+        assert f"stages[0].{key}: " in error_of(tmp_path, recipe) and expected in error_of(tmp_path, recipe)
+    for wrong in ({"chromium": 0}, {"chromium": True}, {"chromium": "one"}, ["chromium"]):
+        recipe["stages"][0] = {"stage": "normalize", "resources": wrong}
+        assert re.search(r"stages\[0\]\.resources: (chromium: )?expected a (positive number|mapping)", error_of(tmp_path, recipe))
 
 
 def test_every_problem_is_reported_at_once_in_recipe_order(tmp_path):

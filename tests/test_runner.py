@@ -115,9 +115,29 @@ def test_run_refuses_a_foreign_non_empty_folder(finished_run, tmp_path, capsys):
 
 def test_run_refuses_actor_pools_that_would_starve_reading(finished_run, tmp_path, capsys):
     recipe = str(finished_run.parent / "tiny.yaml")
-    assert cli.main(["run", recipe, "--out", str(tmp_path / "o"), "--set", "stages.tokenize.concurrency=2"]) == 2
-    message = capsys.readouterr().err
-    assert "actor stages hold 2 CPUs" in message and "tokenize 2" in message and "ray.num_cpus" in message
+    assert cli.main(["run", recipe, "--out", str(tmp_path / "o"), "--set", "stages.tokenize.concurrency=[2, 2]"]) == 2
+    message = " ".join(capsys.readouterr().err.split())
+    assert "actor stages hold CPU 2 from start to end (tokenize 2 x 1" in message and "ray.num_cpus" in message
+    assert not (tmp_path / "o").exists()  # refused before the output folder is touched
+
+
+def test_two_tokenize_actors_on_two_cpus_run_and_change_no_shard(finished_run, tmp_path):
+    """Once refused (two actors held both CPUs); now concurrency is a maximum and the pool shares the cluster."""
+    recipe = str(finished_run.parent / "tiny.yaml")
+    assert cli.main(["run", recipe, "--out", str(tmp_path / "two"), "--set", "stages.tokenize.concurrency=2"]) == 0
+    first = json.loads((finished_run / "main" / "manifest.json").read_text())["shards"]
+    two = json.loads((tmp_path / "two" / "main" / "manifest.json").read_text())["shards"]
+    assert [s["sha256"] for s in first] == [s["sha256"] for s in two]
+
+
+def test_a_resource_no_node_has_fails_at_start_listing_the_cluster(finished_run, tmp_path, capsys):
+    recipe = str(finished_run.parent / "tiny.yaml")
+    args = ["--set", "stages.normalize.resources={chromium: 1}", "--set", "stages.tokenize.num_gpus=1"]
+    assert cli.main(["run", recipe, "--out", str(tmp_path / "o"), *args]) == 2
+    message = " ".join(capsys.readouterr().err.split())
+    assert "stages[0] (normalize) needs CPU 1, chromium 1 for each task or actor, and no node has chromium" in message
+    assert "stages[1] (tokenize) needs CPU 1, GPU 1 for each task or actor, and no node has GPU" in message
+    assert "the cluster's nodes: [CPU 2, memory" in message and not (tmp_path / "o").exists()
 
 
 def test_run_says_when_nothing_answers_at_the_cluster_address(finished_run, tmp_path, capsys):

@@ -237,7 +237,8 @@ def option_problems(stage: StageConfig, where: str) -> list[str]:
     problems = []
     if stage.concurrency is not None and not type(stage).actor:
         problems.append(f"{where}.concurrency: {stage.stage} runs as Ray tasks, not an actor pool; drop "
-                        f"concurrency (it sizes the pool of an actor stage: {', '.join(actor_stages())})")
+                        f"concurrency (it bounds the pool of an actor stage: {', '.join(actor_stages())}); Ray "
+                        "runs as many tasks as the cluster has room for")
     if stage.num_gpus is not None and hasattr(registry.stage_module(stage.stage), "transform_dataset"):
         problems.append(f"{where}.num_gpus: {stage.stage} is a global stage whose passes reserve CPUs only; "
                         "drop num_gpus")

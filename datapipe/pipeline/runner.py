@@ -37,7 +37,7 @@ from datapipe.packing.bfd import SpecialIds
 from datapipe.packing.curriculum import phase_stats, phase_targets
 from datapipe.packing.groups import GroupJob, plan_groups, run_group
 from datapipe.packing.writer import write_manifest, write_run_manifest
-from datapipe.pipeline import registry
+from datapipe.pipeline import reaper, registry
 from datapipe.pipeline.apply import apply_stage, cached_stage
 from datapipe.pipeline.check import check_read, check_recipe, list_inputs
 from datapipe.pipeline.inputs import plan_partitions, read_partition
@@ -57,6 +57,7 @@ from datapipe.pipeline.partitions import (
 from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError
 from datapipe.pipeline.report import make_progress, task_progress, update_progress
 from datapipe.pipeline.resume import RunFolder, open_run
+from datapipe.pipeline.sizing import held_problems, placement_problems, pool_bounds
 from datapipe.pipeline.stats import RunStats
 from datapipe.schema import Document, docs_to_table
 from datapipe.stage import StageConfig
@@ -212,7 +213,8 @@ def run_stats(recipe: Recipe, partitions: list[Partition], accounts: list[dict[s
 
 
 def connect(cfg: RayConfig, address: str | None) -> None:
-    """Join a cluster (--ray-address, the recipe, or RAY_ADDRESS), else start Ray on this machine."""
+    """Join a cluster (--ray-address, the recipe, or RAY_ADDRESS), else start Ray on this machine,
+    watched by a process that stops it if this one dies (datapipe.pipeline.reaper)."""
     import ray
 
     address = address or cfg.address or os.environ.get("RAY_ADDRESS")
@@ -230,7 +232,9 @@ def connect(cfg: RayConfig, address: str | None) -> None:
             except (ConnectionError, RuntimeError) as err:
                 raise RunError(cluster_hint(address, err)) from None
         else:
-            ray.init(num_cpus=cfg.num_cpus, object_store_memory=cfg.object_store_mb << 20, **quiet)
+            watchdog = reaper.watch()  # before ray.init: a driver killed while Ray starts leaves nothing either
+            started = ray.init(num_cpus=cfg.num_cpus, object_store_memory=cfg.object_store_mb << 20, **quiet)
+            reaper.tell_session(watchdog, started.address_info["session_dir"])
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # same recipe and seed, same shards
     context.enable_progress_bars = False  # ours shows records/s and tokens/s
@@ -301,18 +305,15 @@ def read_items(items, source, seed: int) -> Iterator[Any]:
 
 
 def check_actor_cpus(recipe: Recipe) -> None:
-    """Fail now, not hang later: actor pools hold their CPUs for the whole run, and the read and
-    function tasks need at least one more CPU, else Ray waits forever for a free one."""
+    """Fail now, not hang later (datapipe.pipeline.sizing): a stage whose task or actor fits on no node,
+    or minimum actor pools that leave no CPU for the reads, would make Ray wait forever. The name is
+    older than the check, which covers every resource a stage reserves, CPUs included."""
     import ray
 
-    total = ray.cluster_resources().get("CPU", 0)
-    held = {cfg.stage: (cfg.concurrency or 1) * (cfg.num_cpus if cfg.num_cpus is not None else 1)
-            for cfg in recipe.stages if type(cfg).actor}
-    if held and sum(held.values()) > total - 1:
-        pools = ", ".join(f"{stage} {cpus:g}" for stage, cpus in held.items())
-        raise RecipeError(f"actor stages hold {sum(held.values()):g} CPUs all run long ({pools}) but Ray has "
-                          f"{total:g}, and reading needs one more: lower their concurrency or num_cpus, or "
-                          f"set ray.num_cpus to at least {sum(held.values()) + 1:g} (logical CPUs may exceed cores)")
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    problems = placement_problems(recipe.stages, nodes) + held_problems(recipe.stages, ray.cluster_resources())
+    if problems:
+        raise RecipeError(f"recipe {recipe.name!r} cannot run on this Ray cluster", problems)
 
 
 def add_stage(dataset, cfg: StageConfig):
@@ -323,9 +324,7 @@ def add_stage(dataset, cfg: StageConfig):
         # map_batches, iter_batches). Its per-record verdicts go through `map_documents`, so the
         # accounting rules of every other stage (no record dropped, transforms marked) hold too.
         return module.transform_dataset(dataset, cfg, partial(map_documents, cfg=cfg))
-    common = {"batch_size": cfg.batch_size, "batch_format": "pyarrow"}
-    resources = {key: value for key, value in (("num_cpus", cfg.num_cpus), ("num_gpus", cfg.num_gpus))
-                 if value is not None}
+    common = {"batch_size": cfg.batch_size, "batch_format": "pyarrow", **cfg.reservation()}
     if type(cfg).actor:
         import ray
 
@@ -335,16 +334,20 @@ def add_stage(dataset, cfg: StageConfig):
         # The config rides on a subclass, not in constructor arguments, which Ray would park in
         # the object store (and warn that an actor restart could lose them).
         actor_class = type(f"{cfg.stage.title()}Actor", (StageActor,), {"cfg": cfg})
-        return dataset.map_batches(actor_class, compute=ray.data.ActorPoolStrategy(size=cfg.concurrency or 1),
-                                   **common, **resources)
-    return dataset.map_batches(run_stage_task, fn_kwargs={"cfg": cfg}, **common, **resources)
+        # A worker that dies (killed, out of memory, its node lost) costs nothing: Ray Data restarts
+        # actors and retries their batches and tasks without limit (max_restarts, max_task_retries and
+        # max_retries all -1 by default; Ray 2.60 deprecates setting them here). Order is kept, so the
+        # shards are the same (tests/test_cluster.py kills a tokenize actor mid-run).
+        low, high = pool_bounds(cfg, ray.cluster_resources())
+        return dataset.map_batches(actor_class, compute=ray.data.ActorPoolStrategy(min_size=low, max_size=high),
+                                   **common)
+    return dataset.map_batches(run_stage_task, fn_kwargs={"cfg": cfg}, **common)
 
 
 def map_documents(dataset, stage: Callable[[list[Document]], list[Document]], cfg: StageConfig):
     """`stage` (a picklable callable over documents) as a task operator with the runner's accounting."""
-    resources = {"num_cpus": cfg.num_cpus} if cfg.num_cpus is not None else {}
     return dataset.map_batches(run_callable_task, fn_kwargs={"stage": stage, "name": cfg.stage},
-                               batch_size=cfg.batch_size, batch_format="pyarrow", **resources)
+                               batch_size=cfg.batch_size, batch_format="pyarrow", **cfg.reservation())
 
 
 def run_callable_task(table, stage: Callable, name: str):

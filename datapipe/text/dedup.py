@@ -73,9 +73,10 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
 
 def transform_dataset(dataset: Any, cfg: Config, map_documents: Callable) -> Any:
     """The global pass (see the module docstring); returns the dataset with verdicts applied."""
-    dataset = dataset.map_batches(with_keys, batch_size=cfg.batch_size, batch_format="pyarrow").materialize()
+    reserved = cfg.reservation()  # every pass reserves what the recipe gives the stage (num_cpus, resources...)
+    dataset = dataset.map_batches(with_keys, batch_size=cfg.batch_size, batch_format="pyarrow", **reserved).materialize()
     signatures = dataset.map_batches(signature_table, fn_kwargs={"cfg": cfg}, batch_size=cfg.batch_size,
-                                     batch_format="pyarrow")
+                                     batch_format="pyarrow", **reserved)
     keys, ids, exact, bands = collect(signatures, cfg)
     verdicts = find_clusters(np.arange(len(keys)), exact, bands, cfg)
     by_key = {keys[p]: (reason, ids[survivor], size) for p, (reason, survivor, size) in verdicts.items()}
