@@ -209,7 +209,20 @@ def run_stats(recipe: Recipe, partitions: list[Partition], accounts: list[dict[s
         stats.add(account["stats"])
     stats.phases = phases
     stats.wall_s = time.monotonic() - started
-    return stats.to_dict()
+    return {**stats.to_dict(), "driver": driver_figures()}
+
+
+def driver_figures() -> dict[str, Any]:
+    """What this process (the driver) spent: its CPU seconds, its peak resident memory and, when Python
+    traces allocations (PYTHONTRACEMALLOC=1), its peak Python heap: they grow with partitions, not documents."""
+    import resource
+    import tracemalloc
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    figures = {"cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "max_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+    if tracemalloc.is_tracing():
+        figures["heap_peak_mb"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 2)
+    return figures
 
 
 def connect(cfg: RayConfig, address: str | None) -> None:
