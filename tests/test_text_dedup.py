@@ -101,6 +101,9 @@ def test_two_documents_with_one_id_get_their_own_verdicts(ray_session, monkeypat
                                                            ("t/same", "")]
     assert "dedup" not in out[2]["notes"] and out[1]["notes"]["dedup"] == {"cluster": "t/first", "size": 2}
     assert [doc["partition"] for doc in out] == [0, 1, 0]
+    with pytest.raises(Exception, match="share one \\(partition, position\\)"):  # unnumbered: all at (0, 0)
+        run_global(dataset_of(ray_session, [new_document("t", str(i), a) for i in range(3)]),
+                   Config(stage="dedup"), Store(tmp_path / "unnumbered"))
     batch = make_stage(Config(stage="dedup"))([new_document("t", "x", a), new_document("t", "x", a),
                                                new_document("t", "x", b)])
     assert [doc["reject"] for doc in batch] == ["", "dedup.exact_duplicate", ""]

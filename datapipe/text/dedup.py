@@ -138,9 +138,17 @@ def key_rows(table, cfg: Config, buckets: int):
     if cfg.near:
         keys += list(np.array([r[1] for r in rows], np.uint64).reshape(len(rows), cfg.bands).T)
     key = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-    part, pos = (np.tile(column.astype(np.int64), len(keys)) for column in columns(live, ("partition", "position")))
+    part, pos = (column.astype(np.int64) for column in columns(live, ("partition", "position")))
+    check_places(len(relabel(part, pos)[0]), len(part))
+    part, pos = np.tile(part, len(keys)), np.tile(pos, len(keys))
     return pa.table({"bucket": (key % np.uint64(buckets)).astype(np.int64), "key": key,
                      "exact": np.arange(len(key)) < len(rows) * cfg.exact, "part": part, "pos": pos})
+
+
+def check_places(distinct: int, records: int) -> None:
+    if distinct < records:
+        raise ValueError("two live records share one (partition, position), so their verdicts would mix: "
+                         "the runner's reader numbers records; a dataset built by hand must number them too")
 
 
 def key_edges(group):
@@ -191,16 +199,17 @@ def cluster_verdicts(group):
     kind, member_part, member_pos = columns(group, ("kind", "member_part", "member_pos"))
     part, pos, node = relabel(*columns(group, ("part", "pos")))
     star = kind == STAR
+    check_places(len(np.unique(node[~star])), np.count_nonzero(~star))  # every live record's id row is here
     id_of = np.empty(len(part), object)
     id_of[node[~star]] = np.array(group.column("id").to_pylist(), object)[~star]
-    survivors, sizes = np.unique(node[star], return_counts=True)
+    survivor_of = node[star]  # each member's survivor
+    survivors, sizes = np.unique(survivor_of, return_counts=True)
     size_of = np.zeros(len(part), np.int64)
-    size_of[survivors] = sizes + 1
-    of = node[star]
+    size_of[survivors] = sizes + 1  # the members and the survivor
+    everyone = np.concatenate([survivors, survivor_of])  # the survivors' rows first, then the members'
     return verdict_table(VERDICT, np.concatenate([part[survivors], member_part[star]]),
-                         np.concatenate([pos[survivors], member_pos[star]]),
-                         np.concatenate([id_of[survivors], id_of[of]]), np.concatenate([size_of[survivors], size_of[of]]),
-                         np.arange(len(survivors) + len(of)) < len(survivors))
+                         np.concatenate([pos[survivors], member_pos[star]]), id_of[everyone], size_of[everyone],
+                         np.arange(len(everyone)) < len(survivors))
 
 
 def exact_marks(edges):
