@@ -6,13 +6,21 @@ defines `Config`, a StageConfig subclass with the stage's own options, and
 documents (datapipe.schema). The recipe names stages; datapipe.pipeline.registry maps each
 name to its module; the runner turns the list into Ray operators. Stage modules import
 this module and the schema, never the pipeline.
+
+A global stage (dedup) must see the whole dataset, not one batch: its module also defines
+`transform_dataset(dataset, config, context)`, which returns a new dataset built with the
+dataset's own methods only; `context` (a GlobalContext) carries what else it needs from the run.
 """
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from datapipe.storage import Store
 
 BUILTIN_RESOURCES = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "reserved_memory_mb"}  # Ray's own, asked for by these fields
 
@@ -74,6 +82,16 @@ class StageConfig(Strict):
         options = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "resources": self.resources or None,
                    "memory": self.reserved_memory_mb << 20 if self.reserved_memory_mb else None}
         return {key: value for key, value in options.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class GlobalContext:
+    """What the runner hands a global stage besides the dataset and its config."""
+
+    # (dataset, fn) -> dataset: fn, from a batch's live documents to the same documents, applied as a
+    # task operator with the run's accounting (rejected records pass by, none dropped, transforms marked)
+    map_documents: Callable[[Any, Callable[[list], list]], Any]
+    work: Store  # the stage's own folder in the run: kept when a killed run is rerun, so finished work is reused
 
 
 def load(target: str) -> Any:

@@ -1,17 +1,24 @@
-"""Exact and near-duplicate removal: cluster logic, planted near-duplicates, and a global
+"""Exact and near-duplicate removal: cluster logic, planted near-duplicates, the distributed global
+pass against the plain union-find (the reference), what the driver sees, resume, and a global
 end-to-end cleaning run on real Ray (WARC + saved pages + JSONL through every text stage)."""
 import gzip
 import json
 import random
+from functools import partial
 
 import numpy as np
+import pyarrow as pa
+import pytest
 import yaml
 
 from datapipe import cli
 from datapipe.pipeline.inspect import read_rejects
-from datapipe.pipeline.runner import add_stage
+from datapipe.pipeline.runner import add_stage, map_documents
 from datapipe.schema import docs_from_table, docs_to_table, new_document
-from datapipe.text.dedup import Config, find_clusters, make_stage
+from datapipe.stage import GlobalContext
+from datapipe.storage import Store
+from datapipe.text import components
+from datapipe.text.dedup import Config, find_clusters, make_stage, signature_row, transform_dataset
 from tests.test_warc import http_response, warc_record
 
 NOUNS = (
@@ -48,16 +55,34 @@ def test_clusters_keep_the_earliest_and_name_the_reason():
     assert empty == {}  # every document rejected upstream: nothing to cluster
 
 
-def test_rejected_documents_take_no_part_in_global_dedup(ray_session, monkeypatch):
+def placed(docs: list, partitions: int = 1) -> list:
+    """Documents with their place in a run (the runner's reader sets it): partition i % partitions,
+    positions ascending within each partition."""
+    for i, doc in enumerate(docs):
+        doc["partition"], doc["position"] = i % partitions, (i // partitions) << 12
+    return docs
+
+
+def dataset_of(ray_session, docs: list, blocks: int = 1):
+    table = docs_to_table(docs)
+    size = -(-len(docs) // blocks)
+    return ray_session.data.from_arrow([table.slice(i, size) for i in range(0, len(docs), size)])
+
+
+def run_global(dataset, cfg: Config, work: Store) -> list:
+    return [doc for table in add_stage(dataset, cfg, work).iter_batches(batch_format="pyarrow", batch_size=None)
+            for doc in docs_from_table(table)]
+
+
+def test_rejected_documents_take_no_part_in_global_dedup(ray_session, monkeypatch, tmp_path):
     """On real Ray, as the runner runs it: a document rejected upstream is nobody's survivor, its
     copies are judged among the live ones only, and it keeps its own reject reason."""
     monkeypatch.setattr(ray_session.data.DataContext.get_current().execution_options, "preserve_order", True)
     a, b, c = article(1), article(2), article(3)
-    docs = [new_document("t", str(i), text) for i, text in enumerate([a, b, a, near_copy(b, 1), a, c])]
+    docs = placed([new_document("t", str(i), text) for i, text in enumerate([a, b, a, near_copy(b, 1), a, c])])
     docs[0]["reject"], docs[1]["reject"] = "quality.c4", "langid.language"  # the first batch of 2: all rejected
-    dataset = add_stage(ray_session.data.from_arrow(docs_to_table(docs)), Config(stage="dedup", batch_size=2))
-    out = {doc["source_id"]: doc for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None)
-           for doc in docs_from_table(table)}
+    out = {doc["source_id"]: doc for doc in run_global(dataset_of(ray_session, docs), Config(stage="dedup", batch_size=2),
+                                                         Store(tmp_path))}
     assert {k: doc["reject"] for k, doc in out.items()} == {
         "0": "quality.c4", "1": "langid.language", "2": "", "3": "", "4": "dedup.exact_duplicate", "5": ""}
     assert out["2"]["notes"]["dedup"] == out["4"]["notes"]["dedup"] == {"cluster": "t/2", "size": 2}
@@ -66,22 +91,186 @@ def test_rejected_documents_take_no_part_in_global_dedup(ray_session, monkeypatc
     assert pair[1]["reject"] == "dedup.near_duplicate"  # ...though it is one of b when both live
 
 
-def test_two_documents_with_one_id_get_their_own_verdicts(ray_session, monkeypatch):
+def test_two_documents_with_one_id_get_their_own_verdicts(ray_session, monkeypatch, tmp_path):
     """Ids come from a source's id_field, which may repeat: a unique text that shares its id with
-    a duplicate stays (verdicts keyed by id rejected both)."""
+    a duplicate stays (verdicts keyed by id rejected both); verdicts go by (partition, position)."""
     monkeypatch.setattr(ray_session.data.DataContext.get_current().execution_options, "preserve_order", True)
     a, b = article(1), article(2)
-    docs = [new_document("t", "first", a), new_document("t", "same", a), new_document("t", "same", b)]
-    dataset = add_stage(ray_session.data.from_arrow(docs_to_table(docs)), Config(stage="dedup", batch_size=2))
-    out = [doc for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None)
-           for doc in docs_from_table(table)]
+    docs = placed([new_document("t", "first", a), new_document("t", "same", a), new_document("t", "same", b)], 2)
+    out = run_global(dataset_of(ray_session, docs), Config(stage="dedup", batch_size=2), Store(tmp_path))
     assert [(doc["id"], doc["reject"]) for doc in out] == [("t/first", ""), ("t/same", "dedup.exact_duplicate"),
                                                            ("t/same", "")]
     assert "dedup" not in out[2]["notes"] and out[1]["notes"]["dedup"] == {"cluster": "t/first", "size": 2}
-    assert all("dedup_key" not in doc for doc in out)  # the key column goes with the verdicts
+    assert [doc["partition"] for doc in out] == [0, 1, 0]
+    with pytest.raises(Exception, match="share one \\(partition, position\\)"):  # unnumbered: all at (0, 0)
+        run_global(dataset_of(ray_session, [new_document("t", str(i), a) for i in range(3)]),
+                   Config(stage="dedup"), Store(tmp_path / "unnumbered"))
     batch = make_stage(Config(stage="dedup"))([new_document("t", "x", a), new_document("t", "x", a),
                                                new_document("t", "x", b)])
     assert [doc["reject"] for doc in batch] == ["", "dedup.exact_duplicate", ""]
+
+
+def words(rng: random.Random, count: int) -> list[str]:
+    return [f"w{rng.randrange(10**6)}" for _ in range(count)]
+
+
+def planted_corpus(seed: int, originals: int = 40, partitions: int = 7) -> list:
+    """Distinct articles, exact and near copies of some, chains (windows of 200 words sliding by 10:
+    neighbours share ~90% of their 5-grams, the ends ~53%, so a chain's ends meet only through its
+    middle), a few rejected upstream; placed round-robin over partitions, then shuffled."""
+    rng = random.Random(seed)
+    texts = [article(seed * 1000 + i) for i in range(originals)]
+    texts += [near_copy(texts[i], seed=i) for i in rng.sample(range(originals), originals // 3)]
+    texts += [texts[i] for i in rng.sample(range(len(texts)), originals // 4)]
+    for _ in range(3):
+        line = words(rng, 260)
+        texts += [" ".join(line[start : start + 200]) for start in range(0, 61, 10)]
+    rng.shuffle(texts)
+    docs = placed([new_document("t", str(i), text) for i, text in enumerate(texts)], partitions)
+    for doc in rng.sample(docs, len(docs) // 10):
+        doc["reject"] = "quality.c4"
+    rng.shuffle(docs)  # the dataset's order is not the run's: (partition, position) is
+    return docs
+
+
+def reference_verdicts(docs: list, cfg: Config) -> dict:
+    """The plain union-find over the live documents in the run's order: {(partition, position): (reject, notes)}."""
+    live = sorted((doc for doc in docs if not doc["reject"]), key=lambda doc: (doc["partition"], doc["position"]))
+    rows = [signature_row(doc["text"], cfg) for doc in live]
+    exact = np.array([row[0] for row in rows], np.uint64)
+    bands = np.array([row[1] for row in rows], np.uint64).reshape(len(rows), cfg.bands)
+    verdicts = {(doc["partition"], doc["position"]): (doc["reject"], None) for doc in docs}
+    for i, (reason, survivor, size) in find_clusters(np.arange(len(live)), exact, bands, cfg).items():
+        notes = {"cluster": live[survivor]["id"], "size": size}
+        verdicts[live[i]["partition"], live[i]["position"]] = (f"dedup.{reason}" if reason else "", notes)
+    return verdicts
+
+
+def verdicts_of(out: list) -> dict:
+    return {(doc["partition"], doc["position"]): (doc["reject"], doc["notes"].get("dedup")) for doc in out}
+
+
+def test_distributed_dedup_equals_the_union_find(ray_session, tmp_path):
+    """Same survivors, reasons, cluster ids and sizes as find_clusters, on corpora with exact and
+    near copies and chains, over many blocks and partitions, with exact or near dedup alone too."""
+    for seed, cfg, blocks in [(1, Config(stage="dedup", batch_size=16), 9),
+                              (2, Config(stage="dedup", batch_size=8), 4),
+                              (3, Config(stage="dedup", exact=False, batch_size=32), 5),
+                              (3, Config(stage="dedup", near=False, batch_size=32), 5)]:
+        docs = planted_corpus(seed)
+        want = reference_verdicts(docs, cfg)
+        out = run_global(dataset_of(ray_session, docs, blocks), cfg, Store(tmp_path / f"{seed}-{cfg.exact}"))
+        assert len(out) == len(docs) and verdicts_of(out) == want
+        reasons = [reject for reject, _ in want.values()]
+        assert reasons.count("quality.c4") == len(docs) // 10
+        assert cfg.near <= (reasons.count("dedup.near_duplicate") >= 10)  # the corpus has what the test claims
+        assert cfg.exact <= (reasons.count("dedup.exact_duplicate") >= 5)
+    assert has_chain(planted_corpus(1), Config(stage="dedup"))
+
+
+def has_chain(docs: list, cfg: Config) -> bool:
+    """Whether some cluster holds two documents that share no key: joined only through others."""
+    keys = {(doc["partition"], doc["position"]): set(signature_row(doc["text"], cfg)[1]) for doc in docs}
+    clusters: dict = {}
+    for place, (_, notes) in reference_verdicts(docs, cfg).items():
+        if notes:
+            clusters.setdefault(notes["cluster"], []).append(place)
+    return any(not keys[a] & keys[b] for members in clusters.values() for a in members for b in members)
+
+
+class DriverSpy:
+    """A dataset as the driver holds it: records each method called and each value handed back
+    that is not another dataset (or a grouping of one)."""
+
+    def __init__(self, target, seen: list):
+        self.target, self.seen = target, seen
+
+    def __getattr__(self, name: str):
+        method = getattr(self.target, name)
+
+        def call(*args, **kwargs):
+            result = method(*(arg.target if isinstance(arg, DriverSpy) else arg for arg in args), **kwargs)
+            if hasattr(result, "map_batches") or hasattr(result, "map_groups"):
+                self.seen.append((name, "dataset"))
+                return DriverSpy(result, self.seen)
+            self.seen.append((name, result))
+            return result
+
+        return call
+
+
+def test_the_driver_receives_counts_only(ray_session, tmp_path):
+    """Run on a spied dataset: what comes back to the driver is row counts and the rounds' sums of
+    changed edges, a few ints whatever the corpus; no rows, no iteration. A rerun over the same work
+    folder (a killed run resumed) only applies the stored verdicts."""
+    cfg = Config(stage="dedup", batch_size=16)
+    docs = planted_corpus(4)
+    dataset = dataset_of(ray_session, docs, 6)
+    dataset.context.shuffle_strategy = "sort_shuffle_pull_based"  # as the runner's add_stage sets
+    context = GlobalContext(partial(map_documents, cfg=cfg), Store(tmp_path))
+    seen: list = []
+    out = transform_dataset(DriverSpy(dataset, seen), cfg, context).target
+    assert verdicts_of([doc for table in out.iter_batches(batch_format="pyarrow", batch_size=None)
+                        for doc in docs_from_table(table)]) == reference_verdicts(docs, cfg)
+    values = [value for _, value in seen if value != "dataset"]
+    assert {name for name, value in seen if value != "dataset"} <= {"count", "sum"}
+    assert all(isinstance(value, int) or value is None for value in values) and len(values) < 12
+    assert not {"iter_batches", "iter_rows", "take", "take_all", "to_pandas", "show"} & {name for name, _ in seen}
+    seen.clear()
+    transform_dataset(DriverSpy(dataset, seen), cfg, context)
+    assert seen == [("map_batches", "dataset")]  # resumed: no materialize, no grouping, no count
+
+
+def test_a_rerun_reuses_finished_verdicts_and_redoes_unfinished_ones(ray_session, tmp_path):
+    """With work/done present the verdicts are read, not made (a changed text changes nothing); without
+    it (killed before the end) they are made again, byte for byte the same, stale files gone; verdicts of
+    other settings are refused."""
+    cfg = Config(stage="dedup", batch_size=16)
+    docs, work = planted_corpus(5, partitions=4), Store(tmp_path / "work")
+    first = verdicts_of(run_global(dataset_of(ray_session, docs, 3), cfg, work))
+    files = {name: work.read_bytes(f"verdicts/{name}") for name in work.list("verdicts")}
+    done = work.read_bytes("done")
+    assert first == reference_verdicts(docs, cfg) and 0 < len(files) <= 4
+    assert all(name.startswith("p") and name.endswith(".arrow") for name in files)
+    changed = [{**doc, "text": article(10_000 + i)} for i, doc in enumerate(docs)]  # nothing left to find...
+    assert verdicts_of(run_global(dataset_of(ray_session, changed, 3), cfg, work)) == first  # ...but the verdicts stand
+    assert work.read_bytes("done") == done
+    work.remove("done")
+    work.write_bytes("verdicts/p000099.arrow", b"a killed run's leftover")
+    assert verdicts_of(run_global(dataset_of(ray_session, docs, 5), cfg, work)) == first
+    assert {name: work.read_bytes(f"verdicts/{name}") for name in work.list("verdicts")} == files
+    with pytest.raises(ValueError, match="remove .*work to redo them"):
+        add_stage(dataset_of(ray_session, docs), Config(stage="dedup", bands=10), work)
+
+
+def test_connected_components_equal_the_union_find(ray_session, monkeypatch):
+    """Random graphs and a long chain: the stars are the union-find's roots; rounds are bounded."""
+    rng = random.Random(7)
+    nodes = sorted({(rng.randrange(5), rng.randrange(1 << 40)) for _ in range(300)})
+    pairs = [tuple(sorted(rng.sample(range(len(nodes)), 2), reverse=True)) for _ in range(200)]
+    pairs += [(i + 1, i) for i in range(200, 263)]  # a chain of 64
+    edges = pa.table({name: [nodes[pair[side]][field] for pair in pairs]
+                      for name, side, field in zip(components.EDGE, (0, 0, 1, 1), (0, 1, 0, 1))})
+    dataset = ray_session.data.from_arrow([edges.slice(i, 50) for i in range(0, len(pairs), 50)])
+    dataset.context.shuffle_strategy = "sort_shuffle_pull_based"
+    stars = [row for table in components.connected_components(dataset, 16).iter_batches(batch_format="pyarrow")
+             for row in table.to_pylist()]
+    parent = list(range(len(nodes)))
+    for a, b in pairs:
+        root_a, root_b = find_root(parent, a), find_root(parent, b)
+        parent[max(root_a, root_b)] = min(root_a, root_b)
+    want = {nodes[i]: nodes[find_root(parent, i)] for i in range(len(nodes)) if find_root(parent, i) != i}
+    assert {(row["part"], row["pos"]): (row["to_part"], row["to_pos"]) for row in stars} == want
+    assert len(stars) == len(want)
+    monkeypatch.setattr(components, "MAX_ROUNDS", 2)
+    with pytest.raises(RuntimeError, match="did not settle in 2 rounds"):
+        components.connected_components(dataset, 16)
+
+
+def find_root(parent: list, i: int) -> int:
+    while parent[i] != i:
+        i = parent[i]
+    return i
 
 
 def test_planted_near_duplicates_are_found_and_distinct_texts_kept():

@@ -60,7 +60,7 @@ from datapipe.pipeline.resume import RunFolder, open_run
 from datapipe.pipeline.sizing import held_problems, placement_problems, pool_bounds
 from datapipe.pipeline.stats import RunStats
 from datapipe.schema import Document, docs_to_table
-from datapipe.stage import StageConfig
+from datapipe.stage import GlobalContext, StageConfig
 from datapipe.storage import Store
 
 READ_BATCH = 1024  # documents per Arrow block out of a reader
@@ -289,8 +289,8 @@ def build_plan(recipe: Recipe, plan: list[dict[str, Any]] | None = None, todo: l
                                              if plan[i]["source"] == source.name]) for source in recipe.sources]
     datasets = [dataset for dataset in datasets if dataset is not None]
     dataset = datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
-    for cfg in recipe.stages:
-        dataset = add_stage(dataset, cfg)
+    for index, cfg in enumerate(recipe.stages):
+        dataset = add_stage(dataset, cfg, work.child(f"stages/{index:02d}-{cfg.stage}"))
     return dataset
 
 
@@ -329,14 +329,18 @@ def check_actor_cpus(recipe: Recipe) -> None:
         raise RecipeError(f"recipe {recipe.name!r} cannot run on this Ray cluster", problems)
 
 
-def add_stage(dataset, cfg: StageConfig):
+def add_stage(dataset, cfg: StageConfig, work: Store | None = None):
     module = registry.stage_module(cfg.stage)
     if hasattr(module, "transform_dataset"):
-        # A global stage (near-dedup) must see the whole dataset, not one batch: it gets the
-        # dataset and returns a new one, using only the dataset's own methods (materialize,
-        # map_batches, iter_batches). Its per-record verdicts go through `map_documents`, so the
-        # accounting rules of every other stage (no record dropped, transforms marked) hold too.
-        return module.transform_dataset(dataset, cfg, partial(map_documents, cfg=cfg))
+        # A global stage (dedup) must see the whole dataset, not one batch: it gets the dataset
+        # and returns a new one, using only the dataset's own methods (materialize, map_batches,
+        # groupby). Its per-record verdicts go through `map_documents`, so the accounting rules
+        # of every other stage (no record dropped, transforms marked) hold too. Its groupings
+        # use the sort-based shuffle: Ray 2.60's default hash shuffle took 30-75 s a grouping
+        # of 30K rows on 2 CPUs (aggregator actors), the sort-based one 0.3-0.4 s.
+        dataset.context.shuffle_strategy = "sort_shuffle_pull_based"  # this plan's context, a copy
+        work = work or Store(tempfile.mkdtemp(prefix=f"datapipe-{cfg.stage}-"))  # a plan built without a run
+        return module.transform_dataset(dataset, cfg, GlobalContext(partial(map_documents, cfg=cfg), work))
     common = {"batch_size": cfg.batch_size, "batch_format": "pyarrow", **cfg.reservation()}
     if type(cfg).actor:
         import ray

@@ -1,35 +1,39 @@
 """Exact and MinHash-LSH near-duplicate removal, global across the dataset and all workers.
 
-A global stage: the runner hands it the whole dataset (`transform_dataset`). It
-1. materializes the dataset once (upstream stages run once),
-2. computes per live document, in parallel map tasks, a 64-bit hash of the normalized
-   text (lower-cased, whitespace collapsed) and a MinHash signature over word
-   `ngram_size`-shingles (`bands` x `rows` permutations of a 64-bit xxhash), kept as
-   one 64-bit key per band,
-3. pulls only (key, id, hashes) to the driver - 16 + id + 8 * (1 + bands) bytes a
-   document, about 150 MB for 1M documents at 14 bands - and finds clusters there with
-   numpy (by position in dataset order): documents
-   sharing an exact hash, or any band key, are joined (union-find over the sorted keys),
-4. maps the verdicts back: in each cluster the earliest document in dataset order
-   survives; the others are rejected as dedup.exact_duplicate or dedup.near_duplicate.
-   Every member of a cluster gets notes["dedup"] = {"cluster": survivor id, "size": n}.
-Verdicts travel by a random 128-bit key per record (a column added before step 1 and
-dropped with the verdicts), not by document id: ids come from a source's id_field when
-it has one, and two rows with one id would otherwise share one verdict (a unique text
-rejected as its namesake's duplicate). The keys are drawn once, in the materialized
-dataset; on a cluster, a block lost with its node is rebuilt by re-running its task, which
-draws new keys, and its documents then meet no verdict and are kept (duplicates pass, none
-is lost). Deterministic keys (a hash of the row) would give identical rows one key and one
-verdict, which rejects the survivor with its copies: worse.
-Dataset order is deterministic (the runner preserves order), so the same input gives
-the same survivors. 14 bands x 8 rows catch pairs of Jaccard similarity >= ~0.8 with
-probability > 0.99 and pairs below ~0.5 rarely (the S-curve 1-(1-s^8)^14).
+A global stage: the runner hands it the whole dataset (`transform_dataset`) and a work folder.
+1. The dataset is materialized once: upstream stages run once; its blocks stay on the workers.
+2. Map tasks compute, per live document, a 64-bit hash of the normalized text (NFKC,
+   lower-cased, whitespace collapsed) and a MinHash signature over word `ngram_size`-shingles
+   (`bands` x `rows` permutations of a 64-bit xxhash), kept as one 64-bit key per band. Each
+   key becomes a row: (key, the document's place in the run).
+3. The rows are grouped by a hash bucket of the key (a sort-based shuffle among the workers).
+   In a bucket, every document that shares a key with an earlier one is linked to the earliest
+   (an edge); a link by the exact hash also marks the later document an exact duplicate.
+4. The connected components of those edges (datapipe.text.components: large-star/small-star
+   rounds) come out as stars around each cluster's earliest document, its survivor.
+5. Stars grouped by survivor with every live document's id give each member (reason, survivor
+   id, cluster size); grouped again by partition, the workers write them, one Arrow file a
+   partition (work/verdicts/p000123.arrow), and the driver writes work/done last.
+6. The per-batch step (through the runner's map_documents) reads the verdict files of its
+   batch's partitions (cached per process): the survivor stays; the others are rejected as
+   dedup.exact_duplicate (its normalized text is an earlier member's) or dedup.near_duplicate.
+   Every member gets notes["dedup"] = {"cluster": survivor id, "size": n}.
+The driver sees the plan, row counts and one sum a round, nothing that grows with the corpus
+(the old design pulled ~150 MB of signatures a million documents to it). A rerun that finds
+work/done (a killed run resumed) skips steps 1-5 and applies the stored verdicts.
+Records are known by (partition, position), not by id (a source's id_field may repeat): that
+pair is unique and orders the run whatever the cluster scheduled, so the same input gives the
+same survivors and byte-identical verdict files. find_clusters, a union-find over one batch in
+order, is the reference the distributed passes are tested equal to; make_stage uses it alone.
+14 bands x 8 rows catch pairs of Jaccard similarity >= ~0.8 with probability > 0.99 and pairs
+below ~0.5 rarely (the S-curve 1-(1-s^8)^14).
 """
 from __future__ import annotations
 
-import os
+import json
 import re
 import unicodedata
+import uuid
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -37,14 +41,20 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from datapipe.schema import Document, docs_from_table
-from datapipe.stage import StageConfig
+from datapipe.schema import Document
+from datapipe.stage import GlobalContext, StageConfig
+from datapipe.storage import Store
+from datapipe.text.components import EDGE, bucket_count, columns, connected_components, node_buckets, relabel
 from datapipe.text.gopher import sorted_runs
 
 MERSENNE = np.uint64((1 << 61) - 1)
-KEY = "dedup_key"  # the per-record key column between the passes (16 random bytes)
 WORD = re.compile(r"\w+")
 SPACES = re.compile(r"\s+")
+VERDICTS = "verdicts"  # work/verdicts/p000123.arrow: a partition's verdicts (position, reason, survivor, size)
+DONE = "done"  # work/done, written last: the config the verdicts were made with and a token naming them
+STAR, ID = 0, 1  # rows grouped by survivor: a star edge (survivor, member) or a document's id
+VERDICT, EXACT = 0, 1  # rows grouped by partition: a member's verdict or an exact-duplicate mark
+VERDICT_FIELDS = {"exact", "near", "ngram_size", "bands", "rows", "seed"}  # the config fields verdicts depend on
 
 
 class Config(StageConfig):
@@ -71,51 +81,173 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
     return dedup_batch
 
 
-def transform_dataset(dataset: Any, cfg: Config, map_documents: Callable) -> Any:
+def transform_dataset(dataset: Any, cfg: Config, context: GlobalContext) -> Any:
     """The global pass (see the module docstring); returns the dataset with verdicts applied."""
-    reserved = cfg.reservation()  # every pass reserves what the recipe gives the stage (num_cpus, resources...)
-    dataset = dataset.map_batches(with_keys, batch_size=cfg.batch_size, batch_format="pyarrow", **reserved).materialize()
-    signatures = dataset.map_batches(signature_table, fn_kwargs={"cfg": cfg}, batch_size=cfg.batch_size,
-                                     batch_format="pyarrow", **reserved)
-    keys, ids, exact, bands = collect(signatures, cfg)
-    verdicts = find_clusters(np.arange(len(keys)), exact, bands, cfg)
-    by_key = {keys[p]: (reason, ids[survivor], size) for p, (reason, survivor, size) in verdicts.items()}
-    return map_documents(dataset, Verdicts(by_key))
+    done = context.work.read_text(DONE)
+    if done is None:
+        dataset = dataset.materialize()  # the signatures and the verdicts then see the same records, made once
+        done = find_duplicates(dataset, cfg, context.work)
+    return context.map_documents(dataset, Verdicts(context.work, check_done(done, cfg, context.work)))
 
 
-def with_keys(table):
-    """A Ray task: the batch with a random 128-bit key per record (collisions: ~n^2 / 2^129)."""
-    import pyarrow as pa
+def find_duplicates(docs: Any, cfg: Config, work: Store) -> str:
+    """Steps 2-5 on the workers (docs materialized); returns the `done` marker, written last."""
+    work.remove(VERDICTS)  # a killed run's partial verdicts
+    buckets = bucket_count(docs.count() * (int(cfg.exact) + cfg.bands * int(cfg.near)))
+    keys = docs.map_batches(key_rows, fn_kwargs={"cfg": cfg, "buckets": buckets}, batch_size=cfg.batch_size,
+                            batch_format="pyarrow", **cfg.reservation())  # MinHash: the recipe's resources
+    edges = keys.groupby("bucket").map_groups(key_edges, batch_format="pyarrow").materialize()
+    if edges.count():
+        write_verdicts(docs, edges, work)
+    done = json.dumps({"config": cfg.model_dump(include=VERDICT_FIELDS), "token": uuid.uuid4().hex})
+    work.write_bytes(DONE, done.encode())
+    return done
 
-    return table.append_column(KEY, pa.array([os.urandom(16) for _ in range(len(table))], pa.binary(16)))
+
+def write_verdicts(docs: Any, edges: Any, work: Store) -> None:
+    """Steps 4-5: clusters as stars, each member's verdict, one file a partition."""
+    stars = connected_components(edges.select_columns(list(EDGE)), bucket_count(2 * edges.count()))
+    buckets = bucket_count(docs.count())
+    members = stars.map_batches(star_rows, fn_kwargs={"buckets": buckets}, batch_size=None, batch_format="pyarrow")
+    ids = docs.map_batches(id_rows, fn_kwargs={"buckets": buckets}, batch_size=None, batch_format="pyarrow")
+    verdicts = members.union(ids).groupby("bucket").map_groups(cluster_verdicts, batch_format="pyarrow")
+    marks = edges.map_batches(exact_marks, batch_size=None, batch_format="pyarrow")
+    verdicts.union(marks).groupby("part").map_groups(write_partition, fn_kwargs={"work": work},
+                                                      batch_format="pyarrow").materialize()
 
 
-def signature_table(table, cfg: Config):
-    """A Ray task: (key, id, exact hash, band keys) of each live document of a batch, in order.
+def check_done(done: str, cfg: Config, work: Store) -> str:
+    """The token of stored verdicts made with this config; another config's are an error, not a reuse."""
+    marker = json.loads(done)
+    if marker["config"] != cfg.model_dump(include=VERDICT_FIELDS):
+        raise ValueError(f"{work.path(DONE)}: verdicts made with dedup settings {marker['config']}, not this "
+                         f"run's {cfg.model_dump(include=VERDICT_FIELDS)}: remove {work.location} to redo "
+                         "them, or write the run to a new folder")
+    return marker["token"]
+
+
+def key_rows(table, cfg: Config, buckets: int):
+    """A Ray task: a row per key of each live document (its exact hash, its band keys), bucketed by key.
     Rejected documents take no part in dedup, so they cost no MinHash (~1.6 ms a document)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    live = [doc for doc in docs_from_table(table) if not doc["reject"]]
-    rows = [signature_row(doc["text"], cfg) for doc in live]
-    return pa.table({  # explicit types: a batch with no live document still has the schema
-        KEY: pa.array([doc[KEY] for doc in live], pa.binary(16)),
-        "id": pa.array([doc["id"] for doc in live], pa.string()),
-        "exact": pa.array([r[0] for r in rows], pa.uint64()),
-        "bands": pa.array([r[1] for r in rows], pa.list_(pa.uint64(), cfg.bands)),
-    })
+    live = table.filter(pc.equal(table.column("reject"), ""))
+    rows = [signature_row(text, cfg) for text in live.column("text").to_pylist()]
+    keys = [np.array([r[0] for r in rows], np.uint64)] if cfg.exact else []
+    if cfg.near:
+        keys += list(np.array([r[1] for r in rows], np.uint64).reshape(len(rows), cfg.bands).T)
+    key = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+    part, pos = (column.astype(np.int64) for column in columns(live, ("partition", "position")))
+    check_places(len(relabel(part, pos)[0]), len(part))
+    part, pos = np.tile(part, len(keys)), np.tile(pos, len(keys))
+    return pa.table({"bucket": (key % np.uint64(buckets)).astype(np.int64), "key": key,
+                     "exact": np.arange(len(key)) < len(rows) * cfg.exact, "part": part, "pos": pos})
 
 
-def collect(signatures: Any, cfg: Config) -> tuple[list[bytes], list[str], np.ndarray, np.ndarray]:
-    """The live documents' keys, ids and hashes on the driver, in dataset order."""
-    keys, ids, exact, bands = [], [], [], []
-    for table in signatures.iter_batches(batch_format="pyarrow", batch_size=None):
-        keys += table.column(KEY).to_pylist()
-        ids += table.column("id").to_pylist()
-        exact.append(table.column("exact").to_numpy())
-        bands.append(table.column("bands").combine_chunks().flatten().to_numpy().reshape(-1, cfg.bands))
-    if not ids:
-        return [], [], np.zeros(0, np.uint64), np.zeros((0, cfg.bands), np.uint64)
-    return keys, ids, np.concatenate(exact), np.concatenate(bands)
+def check_places(distinct: int, records: int) -> None:
+    if distinct < records:
+        raise ValueError("two live records share one (partition, position), so their verdicts would mix: "
+                         "the runner's reader numbers records; a dataset built by hand must number them too")
+
+
+def key_edges(group):
+    """A Ray task: in a bucket of key rows, every document sharing a key with an earlier one is linked
+    to the earliest; `exact` marks links by the exact hash. Band keys mix in their band's index, so
+    only the exact hash needs telling apart."""
+    import pyarrow as pa
+
+    key, exact, part, pos = columns(group, ("key", "exact", "part", "pos"))
+    order = np.lexsort((pos, part, key, exact))
+    key, exact, part, pos = key[order], exact[order], part[order], pos[order]
+    starts = np.ones(len(key), bool)
+    starts[1:] = (key[1:] != key[:-1]) | (exact[1:] != exact[:-1])
+    first = np.flatnonzero(starts)[np.cumsum(starts) - 1]
+    linked = (part != part[first]) | (pos != pos[first])  # a document under one key twice (two bands collide): no edge
+    return pa.table({"part": part[linked], "pos": pos[linked], "to_part": part[first[linked]],
+                     "to_pos": pos[first[linked]], "exact": exact[linked]})
+
+
+def star_rows(stars, buckets: int):
+    """A Ray task: the star edges (member -> survivor) as rows of the survivor grouping."""
+    member_part, member_pos, part, pos = columns(stars, EDGE)
+    return survivor_table(STAR, node_buckets(part, pos, buckets), part, pos, member_part, member_pos,
+                          np.full(len(part), "", object))
+
+
+def id_rows(table, buckets: int):
+    """A Ray task: each live document's id as a row of the survivor grouping."""
+    import pyarrow.compute as pc
+
+    live = table.filter(pc.equal(table.column("reject"), ""))
+    part, pos = (column.astype(np.int64) for column in columns(live, ("partition", "position")))
+    zeros = np.zeros(len(part), np.int64)
+    return survivor_table(ID, node_buckets(part, pos, buckets), part, pos, zeros, zeros,
+                          np.array(live.column("id").to_pylist(), object))
+
+
+def survivor_table(kind: int, bucket, part, pos, member_part, member_pos, ids):
+    import pyarrow as pa
+
+    return pa.table({"kind": np.full(len(part), kind, np.int8), "bucket": bucket, "part": part, "pos": pos,
+                     "member_part": member_part, "member_pos": member_pos, "id": pa.array(ids, pa.string())})
+
+
+def cluster_verdicts(group):
+    """A Ray task: in a bucket of survivors (and ids), each cluster's members, survivor first, with
+    the survivor's id and the cluster's size."""
+    kind, member_part, member_pos = columns(group, ("kind", "member_part", "member_pos"))
+    part, pos, node = relabel(*columns(group, ("part", "pos")))
+    star = kind == STAR
+    check_places(len(np.unique(node[~star])), np.count_nonzero(~star))  # every live record's id row is here
+    id_of = np.empty(len(part), object)
+    id_of[node[~star]] = np.array(group.column("id").to_pylist(), object)[~star]
+    survivor_of = node[star]  # each member's survivor
+    survivors, sizes = np.unique(survivor_of, return_counts=True)
+    size_of = np.zeros(len(part), np.int64)
+    size_of[survivors] = sizes + 1  # the members and the survivor
+    everyone = np.concatenate([survivors, survivor_of])  # the survivors' rows first, then the members'
+    return verdict_table(VERDICT, np.concatenate([part[survivors], member_part[star]]),
+                         np.concatenate([pos[survivors], member_pos[star]]), id_of[everyone], size_of[everyone],
+                         np.arange(len(everyone)) < len(survivors))
+
+
+def exact_marks(edges):
+    """A Ray task: the documents linked by the exact hash, as rows of the partition grouping."""
+    part, pos, exact = columns(edges, ("part", "pos", "exact"))
+    return verdict_table(EXACT, part[exact], pos[exact], np.full(int(exact.sum()), "", object),
+                         np.zeros(int(exact.sum()), np.int64), np.zeros(int(exact.sum()), bool))
+
+
+def verdict_table(kind: int, part, pos, survivor, size, lead):
+    import pyarrow as pa
+
+    return pa.table({"kind": np.full(len(part), kind, np.int8), "part": part, "pos": pos,
+                     "survivor": pa.array(survivor, pa.string()), "size": size, "lead": lead})
+
+
+def write_partition(group, work: Store):
+    """A Ray task: one partition's verdicts, by position, into work/verdicts/p000123.arrow."""
+    import pyarrow as pa
+
+    kind, pos, lead = columns(group, ("kind", "pos", "lead"))
+    verdict = kind == VERDICT
+    order = np.argsort(pos[verdict], kind="stable")
+    exact = np.isin(pos[verdict], pos[~verdict])[order]
+    reason = np.where(lead[verdict][order], "", np.where(exact, "exact_duplicate", "near_duplicate"))
+    table = pa.table({"position": pos[verdict][order], "reason": pa.array(reason.tolist(), pa.string()),
+                      "survivor": group.column("survivor").filter(pa.array(verdict)).take(order),
+                      "size": group.column("size").to_numpy()[verdict][order]})
+    partition = int(group.column("part")[0].as_py())
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    work.write_bytes(verdict_file(partition), sink.getvalue().to_pybytes())
+    return pa.table({"part": [partition], "verdicts": [len(table)]})
+
+
+def verdict_file(partition: int) -> str:
+    return f"{VERDICTS}/p{partition:06d}.arrow"
 
 
 def signature_row(text: str, cfg: Config) -> tuple[int, list[int]]:
@@ -203,17 +335,32 @@ def union(parent: np.ndarray, a: int, b: int) -> None:
 
 
 class Verdicts:
-    """The per-batch step: sets rejects and cluster ids from the global verdicts (picklable)."""
+    """The per-batch step: each document's verdict from its partition's file (picklable)."""
 
-    def __init__(self, by_key: dict[bytes, tuple[str, str, int]]):
-        self.by_key = by_key
+    def __init__(self, work: Store, token: str):
+        self.work, self.token = work, token
 
     def __call__(self, docs: list[Document]) -> list[Document]:
         for doc in docs:
-            verdict = self.by_key.get(doc.pop(KEY, None))
+            verdict = partition_verdicts(self.work.location, self.token, doc["partition"]).get(doc["position"])
             if verdict is not None:
                 judge(doc, *verdict)
         return docs
+
+
+@lru_cache(maxsize=64)
+def partition_verdicts(location: str, token: str, partition: int) -> dict[int, tuple[str, str, int]]:
+    """{position: (reason, survivor id, size)} of a partition; a partition without a file has none.
+    The token keeps verdicts cached for one run's folder from serving another run in the same worker."""
+    import pyarrow as pa
+
+    try:
+        data = Store(location).read_bytes(verdict_file(partition))
+    except FileNotFoundError:
+        return {}
+    table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    return dict(zip(table.column("position").to_pylist(),
+                    zip(*(table.column(name).to_pylist() for name in ("reason", "survivor", "size")))))
 
 
 def judge(doc: Document, reason: str, survivor: str, size: int) -> None:
