@@ -43,14 +43,17 @@ class RunFolder:
     def work(self) -> Store:
         return self.target.child(WORK)
 
-    def check_plan(self, plan: list[dict[str, Any]]) -> None:
-        """The partitions as listed now must be those the run began with (their numbers name its files)."""
+    def check_plan(self, plan: list[dict[str, Any]]) -> bool:
+        """The partitions as listed now must be those the run began with (their numbers name its files);
+        True when an earlier attempt began this run (its work is kept and reused)."""
         stored = self.work.read_text(PLAN)
         if stored is None:
             self.work.write_bytes(PLAN, json.dumps(plan).encode())
-        elif json.loads(stored) != plan:
+            return False
+        if json.loads(stored) != plan:
             raise RecipeError(f"{self.out.location}: the inputs are not those the unfinished run began with (files "
                               "added, removed or listed in another order); rerun with --restart to start over")
+        return True
 
     def finish(self) -> None:
         """The run is committed: drop its work files; a restart's output replaces the old run."""

@@ -78,7 +78,8 @@ def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: s
         console.print(f"{run.out.location} holds this recipe's finished run; nothing to do (--restart runs it again)")
         return json.loads(run.out.read_text("stats.json"))
     plan = plan_partitions(recipe, inputs)
-    run.check_plan(plan)
+    if run.check_plan(plan):
+        console.print(f"resuming {run.target.location}: what an earlier attempt committed is kept", highlight=False)
     connect(recipe.ray, ray_address)
     check_actor_cpus(recipe)
     started = time.monotonic()
@@ -107,8 +108,8 @@ def commit_documents(recipe: Recipe, plan: list[dict[str, Any]], run: RunFolder,
     done = {index: read_committed(run.work, index) for index in range(len(plan))}
     todo = [index for index, part in done.items() if part is None]
     if len(todo) < len(plan):
-        console.print(f"resuming {run.target.location}: {len(plan) - len(todo)} of {len(plan)} partitions were "
-                      "committed by an earlier attempt", highlight=False)
+        console.print(f"{len(plan) - len(todo)} of {len(plan)} partitions were committed by an earlier attempt",
+                      highlight=False)
     if todo:
         settings = CommitSettings(run.work, special_ids(recipe), tuple(recipe.phases),
                                   tuple(source.name for source in recipe.sources), recipe.seed)
