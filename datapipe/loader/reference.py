@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from datapipe.schema import PackedSample
-from datapipe.shardformat import derive_position_ids, member_kind, read_manifest
+from datapipe.shardformat import derive_position_ids, member_field, member_kind, read_manifest
 
 
-def read_shard(path: Path | str) -> Iterator[PackedSample]:
-    """The samples of one tar shard, in archive order."""
+def read_shard(path: Path | str, fields: Iterable[str] | None = None) -> Iterator[PackedSample]:
+    """The samples of one tar shard, in archive order; with `fields`, of those members only
+    (named as the loader's fields= option names them: shardformat.member_field)."""
     with tarfile.open(path, "r:") as tar:
         members = ((member, *member_key(member.name)) for member in tar if member.isreg())
         for key, group in groupby(members, key=lambda item: item[1]):
@@ -39,13 +40,14 @@ def read_shard(path: Path | str) -> Iterator[PackedSample]:
                 if suffix in data:
                     raise ValueError(f"{path}: sample {key} has two {suffix} members")
                 data[suffix] = tar.extractfile(member).read()
-            yield finish(decode_sample(key, data))
+            yield finish(decode_sample(key, {suffix: value for suffix, value in data.items()
+                                             if fields is None or member_field(suffix) in fields}))
 
 
-def read_shards(folder: Path | str) -> Iterator[PackedSample]:
+def read_shards(folder: Path | str, fields: Iterable[str] | None = None) -> Iterator[PackedSample]:
     """Every sample of a phase folder, shard after shard in manifest order."""
     for shard in read_manifest(folder)["shards"]:
-        yield from read_shard(Path(folder) / shard["name"])
+        yield from read_shard(Path(folder) / shard["name"], fields)
 
 
 def member_key(name: str) -> tuple[str, str]:
