@@ -106,10 +106,14 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     batch = {}
     for name in names:
         values = [sample.get(name) for sample in samples]
-        stack = name not in LISTED and shape is not None and \
-            all(v.__class__ is np.ndarray and v.shape == shape for v in values)
-        batch[name] = np.stack(values) if stack else values
+        batch[name] = np.stack(values) if stacks(name, values, shape) else values
     return batch
+
+
+def stacks(name: str, values: list, shape: tuple[int, ...] | None) -> bool:
+    """Whether a batch's values of a field stack: arrays all shaped like the first row's tokens."""
+    return name not in LISTED and shape is not None and bool(values) and \
+        all(v.__class__ is np.ndarray and v.shape == shape for v in values)
 
 
 def take(columns: dict[str, Any] | list, start: int, stop: int) -> dict[str, Any] | list:
@@ -142,8 +146,7 @@ def settle(batch: dict[str, Any]) -> dict[str, Any]:
     rows that fit). Stacked columns come shaped like their span's tokens, so they stay."""
     shape = row_shape(batch.get("tokens"))
     for name, values in batch.items():
-        if values.__class__ is list and values and values[0].__class__ is np.ndarray and name not in LISTED and \
-                all(v.__class__ is np.ndarray and v.shape == shape for v in values):
+        if values.__class__ is list and stacks(name, values, shape):
             batch[name] = np.stack(values)
     return batch
 
