@@ -191,3 +191,23 @@ def test_ranks_and_workers_together_read_the_reference(phases, name, world_size,
     assert len(got) == len(want) // world_size * world_size
     for sample, reference in zip(got, want):
         assert_same(sample, reference)
+
+
+@pytest.mark.parametrize("name", ["media", "text", "masks", "arrays"])
+@pytest.mark.parametrize("options", [{}, {"batch_size": 4}, {"shuffle": True, "seed": 1}])
+def test_position_ids_made_a_few_rows_at_a_time_equal_the_reference(phases, name, options, monkeypatch):
+    """Spans hand out their position ids in chunks (positions.CHUNK_BYTES: 4K rows of 64 tokens,
+    more than a test span has); here 3 rows a chunk, so that chunks and batches cut across each other."""
+    from datapipe.loader import positions
+
+    want = list(read_shards(phases[name]))
+    monkeypatch.setattr(positions, "CHUNK_BYTES", 3 * 4 * len(want[0]["tokens"]))
+    got = list(stream(phases[name], **options))
+    if "batch_size" in options:
+        for number, batch in enumerate(got):
+            assert_same(batch, collate(want[number * 4 : (number + 1) * 4]))
+        return
+    by_key = {sample["key"]: sample for sample in want}
+    assert sorted(s["key"] for s in got) == sorted(by_key)
+    for sample in got:
+        assert_same(sample, by_key[sample["key"]])

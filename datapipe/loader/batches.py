@@ -47,13 +47,13 @@ class Rows(NamedTuple):
         return len(columns) if columns.__class__ is list else len(columns["key"])
 
 
-def span_rows(buffer, layout: SpanLayout, with_positions: bool, positions: np.ndarray | None) -> Rows | None:
+def span_rows(buffer, layout: SpanLayout, with_positions: bool, positions: Any) -> Rows | None:
     """A span's rows straight from its layout (datapipe.loader.decode.locate_span), equal to
     collate() of the samples decode_samples would build: the per-token array columns laid at one
     stride as 2-D views, the json headers turned into a list per field. None unless the span is
     the usual one (decode.usual_columns), its headers have one set of fields, every seq_len is
-    the tokens' length, and position ids came if asked for: the caller then decodes its
-    samples, which finds what is odd about them."""
+    the tokens' length, and position ids came if asked for (positions.SpanPositions, made as
+    batches slice them): the caller then decodes its samples, which finds what is odd about them."""
     usual, count = usual_columns(layout), len(layout.keys)
     if not count or usual is None or (with_positions and positions is None):
         return None

@@ -174,7 +174,7 @@ def read_local(path: Path, pool: BufferPool | None = None, mapped: bool = False)
                 done += got
             return buffer
     except FileNotFoundError:
-        raise ShardError(f"{path}: shard listed in the manifest is missing; copy the whole stage folder, "
+        raise ShardError(f"{path}: shard listed in the manifest is missing; copy the whole phase folder, "
                          "or read with on_error='skip'") from None
 
 
@@ -244,7 +244,7 @@ def download(url: str) -> bytearray:
         return bytearray(open_filesystem(url).cat_file(url))  # one plain GET: no range requests needed
     except FileNotFoundError:
         raise ShardError(f"{url}: shard listed in the manifest is missing on the server; "
-                         "upload the whole stage folder, or read with on_error='skip'") from None
+                         "upload the whole phase folder, or read with on_error='skip'") from None
     except Exception as err:  # noqa: BLE001 - fsspec back ends raise their own types (aiohttp's for HTTP 5xx)
         raise ShardError(f"{url}: download failed ({type(err).__name__}: {err}); retry, "
                          "or read with on_error='skip'") from err
@@ -261,7 +261,7 @@ def checked(buffer, location: str, shard: dict[str, Any], verify: bool):
 
 
 def cache_name(url: str, sha256: str | None) -> str:
-    """One file per URL and version of the shard (its sha256 from the manifest): a stage replaced
+    """One file per URL and version of the shard (its sha256 from the manifest): a phase replaced
     at the same URL never meets the old version's file. The readable tail helps whoever looks
     into the cache folder."""
     digest = hashlib.sha256(f"{url}\n{sha256}".encode()).hexdigest()[:16]
@@ -272,7 +272,7 @@ def write_cache(path: Path, buffer) -> None:
     """The shard into the cache, atomically; a cache that cannot be written (read-only, full) is
     logged and the loader goes on without it."""
     # unique per process and thread: DataLoader workers, and two prefetch threads of one loader
-    # fetching the same shard (a stage read twice in one epoch), may write it at once
+    # fetching the same shard (a phase read twice in one epoch), may write it at once
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,16 @@
 """Position ids of a span's samples, derived from their doc_lens as datapipe.shardformat's
 derive_position_ids defines them (0, 1, ... restarting at each document piece, the padding
-one more piece), all rows at once.
+one more piece), many rows at once.
 
-A prefetch thread derives a located span's rows (span_positions) before any sample is built:
-every piece is the start of one cached 0..seq_len-1 ramp, copied into memory from a pool in
-one np.concatenate. 5-8 us a sample at 8K tokens and ~50 at 64K, where the array is as large
-as the tokens (int32 per token) and memory traffic sets the cost; derive_position_ids one
-sample at a time costs 3-4x that. A span that does not tile (another writer's: tokens of
-several lengths, a seq_len other than the tokens') takes derive_position_ids sample by
-sample when its samples are finished (finish_samples).
+A prefetch thread tiles a located span's pieces (span_positions: numpy on doc_lens alone,
+microseconds); the rows are made as the samples go out, CHUNK_BYTES of them at a time
+(SpanPositions[a:b]): each piece is the start of one cached 0..seq_len-1 ramp, copied into
+memory from a pool in one np.concatenate. Made ahead for whole spans (32 MiB a span of
+1,024 samples at 8K tokens, 3-4 spans in flight), they cost a fresh process 0.4-0.8 s of
+page faults on our VM and ran the per-sample loader at 0.13 of `cat`; a chunk at a time the
+same few pooled megabytes are reused, warm in the cache (bench/stream.py). A span that does
+not tile (another writer's: tokens of several lengths, a seq_len other than the tokens')
+takes derive_position_ids sample by sample (finish_samples).
 """
 from __future__ import annotations
 
@@ -20,11 +22,33 @@ from datapipe.loader.decode import ArrayColumn, BadSample, SpanLayout
 from datapipe.loader.shardindex import ShardError
 from datapipe.shardformat import derive_position_ids, int32_range
 
+CHUNK_BYTES = 1 << 20  # position ids made at a time: a few such buffers stay in the L2/L3 cache and the pool
 
-def span_positions(layout: SpanLayout, pool: Any = None) -> np.ndarray | None:
-    """Row i: the position ids of the span's sample i, for its tokens' length. None unless every
-    sample has integer doc_lens and tokens of one length, and the pieces fit (finish_samples
-    checks each row against its sample's seq_len). Numpy only: a prefetch thread runs it."""
+
+class SpanPositions:
+    """A span's position ids, made when sliced: positions[a:b] are samples a..b-1's rows (int32,
+    (b - a) x seq_len, in memory from `pool`)."""
+
+    def __init__(self, pieces: np.ndarray, ends: np.ndarray, seq_len: int, pool: Any = None):
+        self.pieces, self.ends, self.seq_len, self.pool = pieces, ends, seq_len, pool  # sample i: pieces[ends[i-1]:ends[i]]
+        self.chunk = max(1, CHUNK_BYTES // (4 * seq_len))  # rows a slice should ask for at a time
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        start, stop, _ = rows.indices(len(self.ends))
+        if stop <= start:
+            return np.empty((0, self.seq_len), dtype=np.int32)
+        first = int(self.ends[start - 1]) if start else 0
+        return ramps(self.pieces[first : int(self.ends[stop - 1])], stop - start, self.seq_len, self.pool)
+
+
+def span_positions(layout: SpanLayout, pool: Any = None) -> SpanPositions | None:
+    """The position ids of a located span's samples, row i for its sample i, for its tokens'
+    length. None unless every sample has integer doc_lens and tokens of one length, and the
+    pieces fit (finish_samples checks each row against its sample's seq_len). Numpy only: a
+    prefetch thread runs it."""
     lens, tokens, size = layout.columns.get("doc_lens.npy"), layout.columns.get("tokens.npy"), len(layout.keys)
     if not (isinstance(lens, ArrayColumn) and isinstance(tokens, ArrayColumn)) or lens.typed.dtype.kind not in "iu":
         return None
@@ -32,21 +56,25 @@ def span_positions(layout: SpanLayout, pool: Any = None) -> np.ndarray | None:
         return None
     firsts = np.cumsum(lens.counts) - lens.counts  # where each sample's pieces start in the gathered array
     flat = lens.typed[np.repeat(lens.starts - firsts, lens.counts) + np.arange(int(lens.counts.sum()))]
-    return positions_of(flat, lens.counts, int(tokens.counts[0]), pool)
+    pieces = tile_pieces(flat, lens.counts, int(tokens.counts[0]))
+    return None if pieces is None else SpanPositions(pieces, np.cumsum(lens.counts + 1), int(tokens.counts[0]), pool)
 
 
 def positions_of(flat: np.ndarray, counts: np.ndarray, seq_len: int, pool: Any = None) -> np.ndarray | None:
     """Position ids (int32, samples x seq_len) of samples whose document pieces are `flat`,
-    counts[i] of them for sample i; memory from `pool` (a datapipe.loader.fetch.BufferPool:
-    reused memory, as a fresh array costs the kernel a page fault and a zero-fill per 4 KiB).
-    None unless each sample has a piece, none negative, at most seq_len in all."""
+    counts[i] of them for sample i; None unless they tile (tile_pieces)."""
     pieces = tile_pieces(flat, counts, seq_len)
-    if pieces is None:
-        return None
-    size = len(counts) * seq_len
+    return None if pieces is None else ramps(pieces, len(counts), seq_len, pool)
+
+
+def ramps(pieces: np.ndarray, samples: int, seq_len: int, pool: Any = None) -> np.ndarray:
+    """The rows of pieces that tile samples x seq_len: a ramp 0, 1, ... per piece, all copied in
+    one np.concatenate into memory from `pool` (a datapipe.loader.fetch.BufferPool: reused
+    memory, where a fresh array costs the kernel a page fault and a zero-fill per 4 KiB)."""
+    size = samples * seq_len
     out = (pool.take(4 * size) if pool else np.empty(4 * size, dtype=np.uint8)).view(np.int32)
     ramp = int32_range(seq_len)
-    return np.concatenate([ramp[:n] for n in pieces[pieces > 0].tolist()], out=out).reshape(len(counts), seq_len)
+    return np.concatenate([ramp[:n] for n in pieces[pieces > 0].tolist()], out=out).reshape(samples, seq_len)
 
 
 def tile_pieces(flat: np.ndarray, counts: np.ndarray, seq_len: int) -> np.ndarray | None:

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; plain json giv
     from json import loads as json_loads
 
 BLOCK = 512
-REINDEX = "rewrite the stage, or delete the index files to read the shards by their tar headers"
+REINDEX = "rewrite the phase, or delete the index files to read the shards by their tar headers"
 
 
 class ShardError(ValueError):

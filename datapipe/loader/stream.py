@@ -44,7 +44,7 @@ from datapipe.loader import fetch
 from datapipe.loader.batches import Rows, batch_count, batched, span_rows
 from datapipe.loader.decode import BadSample, SpanLayout, decode_samples, locate_span
 from datapipe.loader.options import StreamOptions, check_options, default_window, make_options
-from datapipe.loader.positions import finish_samples, span_positions
+from datapipe.loader.positions import SpanPositions, finish_samples, span_positions
 from datapipe.loader.schedule import (
     Phase,
     Placement,
@@ -66,7 +66,7 @@ class LoadedSpan(NamedTuple):
     buffer: Any  # the shard's bytes
     index: ShardIndex
     layout: SpanLayout  # where the span's members lie, located and typed
-    positions: Any  # the span's position ids (a row per sample), or None: finish_samples derives them
+    positions: SpanPositions | None  # the span's position ids, made when sliced; None: finish_samples derives them
     rows: Rows | None  # with batch_size, unshuffled: the span as columns (batches.span_rows), or None: decode it
 
 
@@ -284,6 +284,16 @@ class Stream:
             log.warning("reading a shard by its tar headers: %s", err)
             return None
 
+    def finished(self, samples: list, positions: SpanPositions | None, shard: str) -> Iterator[list]:
+        """A span's decoded samples, finished (finish_samples) a chunk at a time as they are asked
+        for: position ids are made as the samples go out (datapipe.loader.positions)."""
+        step = max(1, len(samples)) if positions is None else positions.chunk
+        for start in range(0, len(samples), step):
+            part = samples[start : start + step]
+            rows = None if positions is None else positions[start : start + step]
+            finish_samples(part, rows, self.options.position_ids, shard)
+            yield part
+
     def span_samples(self, span: Span, future) -> Iterator[Rows | list]:
         phase = self.phases[span.phase]
         location = fetch.join(phase.location, phase.shards[span.shard]["name"])
@@ -295,9 +305,8 @@ class Stream:
                 yield loaded.rows
             else:
                 samples = decode_samples(loaded.buffer, loaded.layout, location)
-                finish_samples(samples, loaded.positions, self.options.position_ids, location)
                 produced = len(samples)
-                yield samples
+                yield from self.finished(samples, loaded.positions, location)
             if loaded.index.error is not None:
                 raise loaded.index.error
             if produced < span.stop - span.start:
