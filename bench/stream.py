@@ -185,16 +185,17 @@ def child(name: str, work: Path, gc_mode: str, seq_len: int, expected: int) -> N
     if gc_mode == "off":
         gc.collect()
         gc.disable()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     count = eat(loader, key, seq_len)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     if count != expected:
         raise RuntimeError(f"{name} yielded {count} samples, expected {expected}")
-    print(json.dumps({"inner_s": elapsed, "trainer_s": trainer_s}))
+    print(json.dumps({"inner_s": elapsed, "cpu_s": cpu, "trainer_s": trainer_s}))
 
 
-def run_child(name: str, work: Path, gc_mode: str, seq_len: int, expected: int) -> tuple[float, float]:
-    """(inner loop seconds, whole process seconds but the trainer's torch import) of one child run."""
+def run_child(name: str, work: Path, gc_mode: str, seq_len: int, expected: int) -> tuple[float, float, float]:
+    """(inner loop seconds, whole process seconds but the trainer's torch import, inner loop CPU
+    seconds of all threads) of one child run."""
     command = [sys.executable, __file__, "--child", name, "--work", str(work), "--gc", gc_mode,
                "--seq-len", str(seq_len), "--samples", str(expected)]
     start = time.perf_counter()
@@ -203,7 +204,7 @@ def run_child(name: str, work: Path, gc_mode: str, seq_len: int, expected: int) 
     if done.returncode:
         raise SystemExit(f"{name} (gc {gc_mode}) failed:\n{done.stderr[-3000:]}")
     times = json.loads(done.stdout.strip().splitlines()[-1])
-    return times["inner_s"], whole - times["trainer_s"]
+    return times["inner_s"], whole - times["trainer_s"], times["cpu_s"]
 
 
 def drop_from_page_cache(paths: list[str]) -> None:
@@ -249,10 +250,10 @@ def prepare(work: Path, seq_len: int, samples: int, per_shard: int) -> tuple[lis
 
 
 def one_round(work: Path, files: list[str], phase_files: list[str], seq_len: int, n: int) -> dict[str, tuple]:
-    """Every loader once, in turn: name -> (inner s, whole s) per gc mode ("on", "off")."""
-    times: dict[str, tuple] = {"raw": (time_raw(files),) * 2}
+    """Every loader once, in turn: name@gc mode ("on", "off") -> run_child's times (raw: cat's)."""
+    times: dict[str, tuple] = {"raw": (time_raw(files),) * 3}
     drop_from_page_cache(phase_files)
-    times["raw_cold"] = (time_raw(files),) * 2
+    times["raw_cold"] = (time_raw(files),) * 3
     for name in [*OURS, *PEERS]:
         for gc_mode in ("on",) if name in COLD else ("on", "off"):
             if name in COLD:
@@ -262,18 +263,20 @@ def one_round(work: Path, files: list[str], phase_files: list[str], seq_len: int
 
 
 def summary(rounds: list[dict], n: int, seq_len: int) -> dict[str, float]:
-    """tokens/s (inner loop) and whole-process seconds, medians over the rounds, per loader and gc mode."""
+    """tokens/s of the inner loop (wall, and CPU: key#cpu) and whole-process seconds (key#whole_s),
+    medians over the rounds, per loader and gc mode."""
     rates = {}
     for key in rounds[0]:
         rates[key] = n * seq_len / statistics.median(r[key][0] for r in rounds)
         rates[f"{key}#whole_s"] = statistics.median(r[key][1] for r in rounds)
+        rates[f"{key}#cpu"] = n * seq_len / statistics.median(r[key][2] for r in rounds)
     return rates
 
 
 def report(rates: dict[str, float], loads: list[float], resume: float, seq_len: int, n: int) -> None:
     for key in (k for k in rates if "#" not in k):
-        print(f"{key:>24}: {rates[key] / 1e6:8.1f} M tokens/s  (whole process {rates[key + '#whole_s']:.2f} s)",
-              file=sys.stderr)
+        print(f"{key:>24}: {rates[key] / 1e6:8.1f} M tokens/s  (a CPU second: {rates[key + '#cpu'] / 1e6:7.1f} M; "
+              f"whole process {rates[key + '#whole_s']:.2f} s)", file=sys.stderr)
     raw = rates["raw"]
 
     def x(left: str, right: str) -> str:
