@@ -12,7 +12,7 @@ from datapipe.loader.stream import stream
 from datapipe.packing.writer import ShardWriter, blocks
 from datapipe.shardformat import read_manifest
 from tests.test_shards import index_columns, write_run
-from tests.test_stream import damage, write_curriculum
+from tests.test_stream import assert_positions_pooled, damage, write_curriculum
 
 SEQ_LEN = 4096
 
@@ -83,6 +83,12 @@ def test_a_batch_inside_a_shard_is_a_view_of_it(tmp_path):
     whole = list(read_shards(tmp_path))
     assert np.array_equal(np.concatenate([b["tokens"] for b in batches]), np.stack([s["tokens"] for s in whole]))
     assert [k for b in batches for k in b["doc_ids"]] == [s["doc_ids"] for s in whole]
+
+
+def test_batch_position_ids_reuse_a_few_buffers(text_stage, monkeypatch):
+    """Position ids made batch by batch (SpanPositions) in pooled memory, handed out again once
+    the batch is gone; batches of 5 lie inside the shards of 10 (one across two is a copy)."""
+    assert_positions_pooled(text_stage, monkeypatch, {"batch_size": 5})
 
 
 def test_a_batch_across_shards_is_stacked(text_stage):

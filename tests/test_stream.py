@@ -602,6 +602,24 @@ def test_a_warm_shard_comes_from_the_page_cache_in_one_go(tmp_path):
     assert view.tobytes() == path.read_bytes()
 
 
+def test_position_ids_reuse_a_few_buffers_while_samples_are_let_go(stage, monkeypatch):
+    """Made a chunk at a time (2 rows here), a span's position ids live in a few pooled buffers
+    the loader hands out again once the samples viewing them are gone, however long the span."""
+    assert_positions_pooled(stage, monkeypatch, {})
+
+
+def assert_positions_pooled(folder, monkeypatch, options):
+    """Every item's position ids lie in one of the few buffers of the loader's pool."""
+    from datapipe.loader import positions
+
+    monkeypatch.setattr(positions, "CHUNK_BYTES", 2 * 4 * 128)
+    loader, count = stream(folder, prefetch=1, **options), 0
+    for count, item in enumerate(loader, 1):  # noqa: B007 - counted
+        base = item["position_ids"].base
+        assert any(base is kept for kept in loader.position_pool.buffers)  # one of the pool's few, not a fresh one
+    assert count > loader.position_pool.keep  # more chunks or batches than the pool keeps buffers
+
+
 def test_samples_kept_across_epochs_stay_intact(stage):
     loader = stream(stage, shuffle=True, seed=2, prefetch=1)
     kept = [s for _ in range(3) for s in loader]  # three epochs held at once: every buffer stays referenced

@@ -290,6 +290,7 @@ class Stream:
         step = max(1, len(samples)) if positions is None else positions.chunk
         for start in range(0, len(samples), step):
             part = samples[start : start + step]
+            samples[start : start + step] = [None] * len(part)  # else the span's list keeps every chunk alive
             rows = None if positions is None else positions[start : start + step]
             finish_samples(part, rows, self.options.position_ids, shard)
             yield part
