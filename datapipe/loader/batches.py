@@ -6,7 +6,7 @@ other field is a list of B values (key, doc_lens, doc_ids, images...). The rule 
 batch's own samples, never at the rest of their shard.
 
 Stacking copies every token, which costs about what `cat` spends reading them, and the
-per-sample loader spends ~20 us of Python a sample at 8K tokens where `cat` spends 8. So
+per-sample loader spends 8-16 us a sample at 8K tokens where `cat` spends 6. So
 where it can the loader does neither: ShardWriter lays the samples of a shard at one stride
 (it pads each json header to a block count the phase's samples share), so an array column
 of a span is one 2-D strided view of the shard's memory (span_rows, in a prefetch thread)

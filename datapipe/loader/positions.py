@@ -5,12 +5,14 @@ one more piece), many rows at once.
 A prefetch thread tiles a located span's pieces (span_positions: numpy on doc_lens alone,
 microseconds); the rows are made as the samples go out, CHUNK_BYTES of them at a time
 (SpanPositions[a:b]): each piece is the start of one cached 0..seq_len-1 ramp, copied into
-memory from a pool in one np.concatenate. Made ahead for whole spans (32 MiB a span of
-1,024 samples at 8K tokens, 3-4 spans in flight), they cost a fresh process 0.4-0.8 s of
-page faults on our VM and ran the per-sample loader at 0.13 of `cat`; a chunk at a time the
-same few pooled megabytes are reused, warm in the cache (bench/stream.py). A span that does
-not tile (another writer's: tokens of several lengths, a seq_len other than the tokens')
-takes derive_position_ids sample by sample (finish_samples).
+memory from a pool in one np.concatenate, 3-5 us a sample at 8K tokens, ~50 at 64K where
+the rows are as large as the tokens (int32 a token). Made ahead for whole spans (32 MiB a
+span of 1,024 samples at 8K, 3-4 spans in flight) they cost a fresh process 0.4-0.8 s of
+page faults on our VM, and the per-sample loader ran at 0.13-0.14 of `cat` at 8K and 0.28 at
+64K; a chunk at a time the same few pooled megabytes are reused, warm in the cache: 0.36-0.40
+and 0.5 (bench/stream.py, fresh processes). A span that does not tile (another writer's:
+tokens of several lengths, a seq_len other than the tokens') takes derive_position_ids
+sample by sample (finish_samples).
 """
 from __future__ import annotations
 
