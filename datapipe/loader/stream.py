@@ -62,6 +62,8 @@ from datapipe.schema import PackedSample
 from datapipe.shardformat import MANIFEST, RUN_MANIFEST, member_field, phase_name, run_phases
 
 log = logging.getLogger(__name__)
+
+
 class LoadedSpan(NamedTuple):
     """What a prefetch thread hands the main thread for one span."""
 
@@ -175,15 +177,15 @@ class Stream:
         slots, skip = chain.from_iterable(spans), self.position - todo[0][0]
         for _, size, key in todo:
             window = list(islice(slots, size))
-            yield from self.rows_of([window[index] for index in window_order(size, key, True)[skip:]])
-            skip = 0
+            permuted = [window[index] for index in window_order(size, key, True)[skip:]]
+            window, skip = None, 0  # the next window is read while this one goes out: hold it once only
+            yield from self.rows_of(permuted)
 
     def rows_of(self, samples: list) -> Iterator[Rows]:
         """Consecutive positions' samples (a dict, a BadSample, or None where a skipped shard was) as
         rows. A bad sample is left out, or under on_error="raise" raised after the rows before
         it, so that the samples (and the batches they complete) before it come out first."""
-        odd = [slot for slot, sample in enumerate(samples) if sample.__class__ is not dict]
-        if not odd:
+        if all(sample.__class__ is dict for sample in samples):
             yield Rows(samples, None, len(samples))
             return
         slots = []
@@ -197,12 +199,15 @@ class Stream:
         yield Rows([samples[slot] for slot in slots], slots, len(samples))
 
     def one_by_one(self, rows: Iterator[Rows]) -> Iterator[PackedSample]:
-        """The rows' samples; while one is out, the position is the one after it."""
+        """The rows' samples; while one is out, the position is the one after it. Each leaves its
+        list as it goes out, so that its memory (shard, position ids) frees once the consumer
+        lets it go, not when the span or window is done."""
         for part in rows:
             start, samples = self.position, part.columns
             after = range(start + 1, start + 1 + len(samples)) if part.slots is None else \
                 [start + slot + 1 for slot in part.slots]
-            for position, sample in zip(after, samples):
+            for number, position in enumerate(after):
+                sample, samples[number] = samples[number], None
                 self.position = position
                 yield sample
             self.position = start + part.size
