@@ -1,37 +1,42 @@
 """Loader throughput: datapipe.stream against `cat`, webdataset and MosaicML streaming, on the same samples.
 
     make bench-deps   # once: webdataset's and MosaicML streaming's peers
-    .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 8192] [--per-shard 1024] [--repeats 5] [--no-gc-freeze]
+    .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 8192] [--per-shard 1024] [--rounds 5]
 
 Writes packed samples (lognormal document lengths, as the packer makes them) with our
-ShardWriter, converts the same samples to MDS for MosaicML streaming, warms the page
-cache, then times in rounds, the loaders in turn: a raw sequential read of the stage's
-files (`cat` of the shards and their index files into /dev/null: the bytes our loader
-reads, from the same warm page cache), our loader, `webdataset.WebDataset(...).decode()`,
-and `streaming.StreamingDataset`. Every loader hands out token arrays already in memory
-(ours maps a shard the page cache holds, or reads it whole with one copy as `cat` does;
-the others copy per sample); the consumer gathers them into batches of 8 and reads one
-token of each. "ours" decodes the same members the peers do (position_ids=False);
-"ours_positions" also derives position_ids, the loader's default; "ours_batched" hands out
-batches of 8 (batch_size=8: [8, seq_len] views of the mapped shard, datapipe.loader.batches), the
-same members; "ours_batched_arrays" the same batches of the array members only (fields=
-tokens, loss_mask, doc_lens: what a trainer feeds its model; no json header, so no doc ids);
-"ours_walk" reads the same stage as shards of another
-writer would come (no index files: it walks the tar headers). "raw_cold" and "ours_cold"
-read the same files from disk: the page cache is dropped for them (posix_fadvise
-DONTNEED) before each run, as a trainer whose data outgrows its memory reads them.
-tokens/s counts every position (seq_len per sample). Then resume: a fresh shuffled loader restores a state at a
-random position and yields its next sample.
-Before the rounds the objects made so far are frozen out of the garbage collector (gc.freeze),
-as a trainer keeps collection off its hot loop; --no-gc-freeze leaves it on.
-Medians over the rounds; the machine is shared, so compare the ratios.
+ShardWriter, converts the same samples to MDS for MosaicML streaming, warms the page cache,
+then times in interleaved rounds, each loader in a fresh process of its own (as a user
+runs it: `python train.py`), once with Python's garbage collector on (its default) and once
+off (gc.collect() then gc.disable() after the imports, as a trainer keeps collection off
+its hot loop: torchtitan collects every N steps). Every timed loop runs with torch loaded,
+as in a trainer (webdataset and MosaicML streaming import it themselves): with collection
+on, the objects a loader makes trigger full collections over torch's objects, which costs a
+loader that makes many (webdataset: a dict per member) up to 2x. The child times its loop
+(the tokens/s figures); the parent times the whole process, start-up included, less the
+torch import a user's script of our loader would not make (the whole-process seconds).
+
+Loaders: "raw" is `cat` of the shards and their index files into /dev/null (the bytes our
+loader reads); "ours" is `datapipe.stream(path)` with its defaults (per-sample, position
+ids derived); "ours_same_work" decodes only what the peers decode (position_ids=False);
+"ours_shuffled", "ours_walk" (no index files: the tar headers walked, as shards of another
+writer come), "ours_batched" (batch_size=8: [8, seq_len] views of the mapped shard) and
+"ours_batched_arrays" (the same, fields= tokens, loss_mask, doc_lens: no json header) do the
+same work as ours_same_work. "webdataset" is `webdataset.WebDataset(urls, shardshuffle=False)
+.decode()`, its documented decoder (numpy's .npy reader, json); "streaming" is
+`streaming.StreamingDataset(local=mds, batch_size=8)`: both decode tokens, doc_lens,
+loss_mask and the json header of every sample, as ours does. "raw_cold" and "ours_cold"
+read the same files with the page cache dropped before each run (posix_fadvise DONTNEED).
+Every loader hands out token arrays; the consumer gathers them into batches of 8 and reads
+one token of each. tokens/s counts every position (seq_len a sample). Then resume: a fresh
+shuffled loader restores a state at a random position and yields its next sample.
+Medians over the rounds; the machine is shared: compare the ratios, and the load printed.
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,13 +48,20 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from datapipe.loader.reference import read_shards
 from datapipe.loader.stream import stream
-from datapipe.packing.writer import ShardWriter
 from datapipe.shardformat import read_manifest
 
 BATCH = 8
 ARRAYS = ("tokens", "loss_mask", "doc_lens")  # what a trainer feeds the model: no json header (doc ids)
+OURS = {  # loader name -> datapipe.stream options
+    "ours": {}, "ours_same_work": {"position_ids": False},
+    "ours_shuffled": {"shuffle": True, "seed": 0, "position_ids": False},
+    "ours_batched": {"batch_size": BATCH, "position_ids": False},
+    "ours_batched_arrays": {"batch_size": BATCH, "position_ids": False, "fields": ARRAYS},
+    "ours_walk": {"position_ids": False}, "ours_cold": {"position_ids": False},
+}
+PEERS = ("webdataset", "streaming")
+COLD = ("raw_cold", "ours_cold")  # read from disk: timed with collection on only
 
 
 def make_samples(seq_len: int, n_samples: int, seed: int = 0) -> list[dict]:
@@ -72,17 +84,19 @@ def make_samples(seq_len: int, n_samples: int, seed: int = 0) -> list[dict]:
 
 
 def write_ours(folder: Path, samples, per_shard: int) -> None:
-    with ShardWriter(folder, per_shard, {"stage": "main", "seq_len": len(samples[0]["tokens"])}) as writer:
+    from datapipe.packing.writer import ShardWriter
+
+    with ShardWriter(folder, per_shard, {"phase": "main", "seq_len": len(samples[0]["tokens"])}) as writer:
         for sample in samples:
             writer.write(sample)
 
 
-def without_index(stage: Path, folder: Path) -> Path:
+def without_index(phase: Path, folder: Path) -> Path:
     """The same shard files (hard links) under a manifest that lists no index files."""
     folder.mkdir()
-    manifest = read_manifest(stage)
+    manifest = read_manifest(phase)
     for shard in manifest["shards"]:
-        os.link(stage / shard["name"], folder / shard["name"])
+        os.link(phase / shard["name"], folder / shard["name"])
         del shard["index"]
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
@@ -102,13 +116,15 @@ def import_streaming():
     return streaming
 
 
-def write_mds(folder: Path, stage: Path, seq_len: int, per_shard_bytes: int) -> None:
+def write_mds(folder: Path, phase: Path, seq_len: int, per_shard_bytes: int) -> None:
+    from datapipe.loader.reference import read_shards
+
     streaming = import_streaming()
     columns = {"tokens": f"ndarray:uint32:{seq_len}", "doc_lens": "ndarray:int32",
                "loss_mask": f"ndarray:uint8:{seq_len}", "json": "json"}
     fields = ("doc_ids", "doc_offsets", "seq_len", "num_pad", "media_spans")
     with streaming.MDSWriter(out=str(folder), columns=columns, size_limit=per_shard_bytes) as writer:
-        for s in read_shards(stage):
+        for s in read_shards(phase):
             writer.write({"tokens": s["tokens"], "doc_lens": s["doc_lens"], "loss_mask": s["loss_mask"],
                           "json": {k: s[k] for k in fields}})
 
@@ -140,6 +156,57 @@ def consume_batches(batches, key: str, seq_len: int) -> int:
     return count
 
 
+def open_loader(name: str, work: Path):
+    """(iterable, token key, consumer) of a loader, its imports done (the child's untimed part)."""
+    if name in OURS:
+        folder = work / ("walk" if name == "ours_walk" else "main")
+        eat = consume_batches if "batch_size" in OURS[name] else consume
+        return stream(folder, **OURS[name]), "tokens", eat
+    if name == "webdataset":
+        import webdataset as wds
+
+        urls = sorted(str(path) for path in (work / "main").glob("*.tar"))
+        return wds.WebDataset(urls, shardshuffle=False).decode(), "tokens.npy", consume
+    streaming = import_streaming()
+    streaming.base.util.clean_stale_shared_memory()  # as its docs advise between runs
+    return streaming.StreamingDataset(local=str(work / "mds"), batch_size=BATCH), "tokens", consume
+
+
+def child(name: str, work: Path, gc_mode: str, seq_len: int, expected: int) -> None:
+    """One timed run in this fresh process: the loader opened (its own imports: the peers load
+    torch), then torch loaded as in a trainer (timed apart: a new user's script would not),
+    collection left on or turned off, the loop timed; prints both times."""
+    import gc
+
+    loader, key, eat = open_loader(name, work)
+    start = time.perf_counter()
+    import torch  # noqa: F401 - a trainer's process has it; the peers imported it already
+    trainer_s = time.perf_counter() - start
+    if gc_mode == "off":
+        gc.collect()
+        gc.disable()
+    start, cpu = time.perf_counter(), time.process_time()
+    count = eat(loader, key, seq_len)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if count != expected:
+        raise RuntimeError(f"{name} yielded {count} samples, expected {expected}")
+    print(json.dumps({"inner_s": elapsed, "cpu_s": cpu, "trainer_s": trainer_s}))
+
+
+def run_child(name: str, work: Path, gc_mode: str, seq_len: int, expected: int) -> tuple[float, float, float]:
+    """(inner loop seconds, whole process seconds but the trainer's torch import, inner loop CPU
+    seconds of all threads) of one child run."""
+    command = [sys.executable, __file__, "--child", name, "--work", str(work), "--gc", gc_mode,
+               "--seq-len", str(seq_len), "--samples", str(expected)]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    whole = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"{name} (gc {gc_mode}) failed:\n{done.stderr[-3000:]}")
+    times = json.loads(done.stdout.strip().splitlines()[-1])
+    return times["inner_s"], whole - times["trainer_s"], times["cpu_s"]
+
+
 def drop_from_page_cache(paths: list[str]) -> None:
     """The next read of these files comes from disk (a no-op on a file system in memory, such as tmpfs)."""
     for path in paths:
@@ -151,37 +218,83 @@ def drop_from_page_cache(paths: list[str]) -> None:
             os.close(descriptor)
 
 
-def cold(run, paths: list[str]):
-    """`run` timed after the files it reads are dropped from the page cache."""
-    def timed() -> float:
-        drop_from_page_cache(paths)
-        return run()
-    return timed
-
-
 def time_raw(paths: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
     return time.perf_counter() - start
 
 
-def time_loader(make, key: str, seq_len: int, expected: int, eat=consume) -> float:
-    start = time.perf_counter()
-    count = eat(make(), key, seq_len)
-    elapsed = time.perf_counter() - start
-    if count != expected:
-        raise RuntimeError(f"a loader yielded {count} samples, expected {expected}")
-    return elapsed
-
-
-def time_resume(stage: Path, samples: int, rng: np.random.Generator) -> float:
+def time_resume(phase: Path, samples: int, rng: np.random.Generator) -> float:
     position = int(rng.integers(samples))
-    state = {**stream(stage, shuffle=True, seed=1).state_dict(), "epoch": int(rng.integers(100)), "position": position}
+    state = {**stream(phase, shuffle=True, seed=1).state_dict(), "epoch": int(rng.integers(100)), "position": position}
     start = time.perf_counter()
-    loader = stream(stage, shuffle=True, seed=1)
+    loader = stream(phase, shuffle=True, seed=1)
     loader.load_state_dict(state)
     next(iter(loader))
     return time.perf_counter() - start
+
+
+def prepare(work: Path, seq_len: int, samples: int, per_shard: int) -> tuple[list[str], list[str]]:
+    """The phase, the same shards without index files, the MDS copy; (shard paths, their files + manifest)."""
+    phase = work / "main"
+    write_ours(phase, make_samples(seq_len, samples), per_shard)
+    manifest = read_manifest(phase)
+    paths = [str(phase / shard["name"]) for shard in manifest["shards"]]
+    indexes = [str(phase / shard["index"]["name"]) for shard in manifest["shards"]]
+    without_index(phase, work / "walk")
+    write_mds(work / "mds", phase, seq_len, manifest["shards"][0]["bytes"])
+    size = sum(os.path.getsize(path) for path in paths + indexes)
+    print(f"{samples} samples x {seq_len} tokens in {len(paths)} shards; raw and ours read the same "
+          f"{size / 2**20:.1f} MiB (shards and index files) from a warm page cache", file=sys.stderr)
+    return paths + indexes, [*paths, *indexes, str(phase / "manifest.json")]
+
+
+def one_round(work: Path, files: list[str], phase_files: list[str], seq_len: int, n: int) -> dict[str, tuple]:
+    """Every loader once, in turn: name@gc mode ("on", "off") -> run_child's times (raw: cat's)."""
+    times: dict[str, tuple] = {"raw": (time_raw(files),) * 3}
+    drop_from_page_cache(phase_files)
+    times["raw_cold"] = (time_raw(files),) * 3
+    for name in [*OURS, *PEERS]:
+        for gc_mode in ("on",) if name in COLD else ("on", "off"):
+            if name in COLD:
+                drop_from_page_cache(phase_files)
+            times[f"{name}@{gc_mode}"] = run_child(name, work, gc_mode, seq_len, n)
+    return times
+
+
+def summary(rounds: list[dict], n: int, seq_len: int) -> dict[str, float]:
+    """tokens/s of the inner loop (wall, and CPU: key#cpu) and whole-process seconds (key#whole_s),
+    medians over the rounds, per loader and gc mode."""
+    rates = {}
+    for key in rounds[0]:
+        rates[key] = n * seq_len / statistics.median(r[key][0] for r in rounds)
+        rates[f"{key}#whole_s"] = statistics.median(r[key][1] for r in rounds)
+        rates[f"{key}#cpu"] = n * seq_len / statistics.median(r[key][2] for r in rounds)
+    return rates
+
+
+def report(rates: dict[str, float], loads: list[float], resume: float, seq_len: int, n: int) -> None:
+    for key in (k for k in rates if "#" not in k):
+        print(f"{key:>24}: {rates[key] / 1e6:8.1f} M tokens/s  (a CPU second: {rates[key + '#cpu'] / 1e6:7.1f} M; "
+              f"whole process {rates[key + '#whole_s']:.2f} s)", file=sys.stderr)
+    raw = rates["raw"]
+
+    def x(left: str, right: str) -> str:
+        return f"{rates[left] / rates[right]:.2f}"
+
+    whole = rates["webdataset@on#whole_s"] / rates["ours@on#whole_s"]
+    print(f"bench stream: tokens_per_s={rates['ours@on']:.3g} raw_tokens_per_s={raw:.3g} "
+          f"x_vs_webdataset={x('ours@on', 'webdataset@on')} x_vs_streaming={x('ours@on', 'streaming@on')} "
+          f"x_vs_webdataset_gc_off={x('ours@off', 'webdataset@off')} "
+          f"x_vs_streaming_gc_off={x('ours@off', 'streaming@off')} "
+          f"same_work_x_vs_webdataset={x('ours_same_work@on', 'webdataset@on')} "
+          f"same_work_x_vs_webdataset_gc_off={x('ours_same_work@off', 'webdataset@off')} "
+          f"whole_x_vs_webdataset={whole:.2f} frac_of_raw={rates['ours@on'] / raw:.2f} "
+          f"frac_of_raw_gc_off={rates['ours@off'] / raw:.2f} "
+          + " ".join(f"{name.removeprefix('ours_')}_frac_of_raw={rates[name + '@on'] / raw:.2f}"
+                     for name in OURS if name not in ("ours", "ours_cold"))
+          + f" cold_frac_of_raw={x('ours_cold@on', 'raw_cold')} resume_s={resume:.3f} "
+          f"seq_len={seq_len} samples={n} load={min(loads):.1f}-{max(loads):.1f}")
 
 
 def main() -> None:
@@ -189,73 +302,28 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--samples", type=int, default=8192)
     parser.add_argument("--per-shard", type=int, default=1024, help="samples a shard (datapipe run's default: 1024)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--no-gc-freeze", action="store_true", help="leave Python's garbage collector as it is")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of every loader and gc mode")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one timed run: bench/stream.py starts these itself
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--gc", default="on", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child(args.child, Path(args.work), args.gc, args.seq_len, args.samples)
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
-    stage, seq_len = work / "main", args.seq_len
-    write_ours(stage, make_samples(seq_len, args.samples), args.per_shard)
-    manifest = read_manifest(stage)
-    paths = [str(stage / shard["name"]) for shard in manifest["shards"]]
-    indexes = [str(stage / shard["index"]["name"]) for shard in manifest["shards"]]
-    walk = without_index(stage, work / "walk")
-    write_mds(work / "mds", stage, seq_len, manifest["shards"][0]["bytes"])
-    streaming = import_streaming()
-    n, total_bytes = manifest["samples"], sum(os.path.getsize(path) for path in paths + indexes)
-    print(f"{n} samples x {seq_len} tokens in {len(paths)} shards; raw and ours read the same "
-          f"{total_bytes / 2**20:.1f} MiB (shards and index files) from a warm page cache", file=sys.stderr)
-
-    import webdataset as wds
-
-    stage_files = [*paths, *indexes, str(stage / "manifest.json")]
-    loaders = {
-        "raw": lambda: time_raw(paths + indexes),
-        "raw_cold": cold(lambda: time_raw(paths + indexes), stage_files),
-        "ours_cold": cold(lambda: time_loader(lambda: stream(stage, position_ids=False), "tokens", seq_len, n),
-                          stage_files),
-        "ours": lambda: time_loader(lambda: stream(stage, position_ids=False), "tokens", seq_len, n),
-        "ours_positions": lambda: time_loader(lambda: stream(stage), "tokens", seq_len, n),
-        "ours_shuffled": lambda: time_loader(lambda: stream(stage, shuffle=True, seed=0, position_ids=False),
-                                             "tokens", seq_len, n),
-        "ours_batched": lambda: time_loader(lambda: stream(stage, position_ids=False, batch_size=BATCH), "tokens",
-                                            seq_len, n, consume_batches),
-        "ours_batched_arrays": lambda: time_loader(lambda: stream(stage, position_ids=False, batch_size=BATCH,
-                                                                  fields=ARRAYS), "tokens", seq_len, n, consume_batches),
-        "ours_walk": lambda: time_loader(lambda: stream(walk, position_ids=False), "tokens", seq_len, n),
-        "webdataset": lambda: time_loader(lambda: wds.WebDataset(paths, shardshuffle=False).decode(), "tokens.npy",
-                                          seq_len, n),
-        "streaming": lambda: time_loader(lambda: streaming.StreamingDataset(local=str(work / "mds"), batch_size=BATCH),
-                                         "tokens", seq_len, n),
-    }
-    # As a trainer does once its imports and model are built (torchtitan turns automatic collection off
-    # and collects every N steps): without it, the Python objects a loader makes trigger full collections
-    # over everything imported (torch, via streaming), which cost our per-sample loader 2.5x (0.15 of `cat`
-    # against 0.39) and the peers 10%. --no-gc-freeze measures that case.
-    if not args.no_gc_freeze:
-        gc.collect()
-        gc.freeze()
-    for run in loaders.values():  # warm the page cache and each reader: every one then reads from memory
-        run()
-    times = {name: [] for name in loaders}
-    for _ in range(args.repeats):
-        for name, run in loaders.items():
-            times[name].append(run())
-    rates = {name: n * seq_len / statistics.median(values) for name, values in times.items()}
-    for name, rate in rates.items():
-        print(f"{name:>14}: {rate / 1e6:8.1f} M tokens/s  (runs: {', '.join(f'{t:.3f}s' for t in times[name])})",
-              file=sys.stderr)
-    rng = np.random.default_rng(0)
-    resume = statistics.median(time_resume(stage, n, rng) for _ in range(9))
-    print(f"bench stream: tokens_per_s={rates['ours']:.3g} raw_tokens_per_s={rates['raw']:.3g} "
-          f"x_vs_webdataset={rates['ours'] / rates['webdataset']:.2f} "
-          f"x_vs_streaming={rates['ours'] / rates['streaming']:.2f} frac_of_raw={rates['ours'] / rates['raw']:.2f} "
-          f"shuffled_frac_of_raw={rates['ours_shuffled'] / rates['raw']:.2f} "
-          f"positions_frac_of_raw={rates['ours_positions'] / rates['raw']:.2f} "
-          f"walk_frac_of_raw={rates['ours_walk'] / rates['raw']:.2f} "
-          f"cold_frac_of_raw={rates['ours_cold'] / rates['raw_cold']:.2f} "
-          f"batched_frac_of_raw={rates['ours_batched'] / rates['raw']:.2f} "
-          f"arrays_frac_of_raw={rates['ours_batched_arrays'] / rates['raw']:.2f} resume_s={resume:.3f} "
-          f"seq_len={seq_len} samples={n}")
+    try:
+        files, phase_files = prepare(work, args.seq_len, args.samples, args.per_shard)
+        n = read_manifest(work / "main")["samples"]
+        one_round(work, files, phase_files, args.seq_len, n)  # warms the page cache and every reader's files
+        rounds, loads = [], []
+        for _ in range(args.rounds):
+            loads.append(os.getloadavg()[0])
+            rounds.append(one_round(work, files, phase_files, args.seq_len, n))
+        loads.append(os.getloadavg()[0])
+        rng = np.random.default_rng(0)
+        resume = statistics.median(time_resume(work / "main", n, rng) for _ in range(9))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report(summary(rounds, n, args.seq_len), loads, resume, args.seq_len, n)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from datapipe.loader.stream import stream
 from datapipe.packing.writer import ShardWriter, blocks
 from datapipe.shardformat import read_manifest
 from tests.test_shards import index_columns, write_run
-from tests.test_stream import damage, write_curriculum
+from tests.test_stream import assert_positions_pooled, damage, write_curriculum
 
 SEQ_LEN = 4096
 
@@ -52,7 +52,7 @@ def reference(folder, batch_size, drop_last=False, **options):
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 10, 23])
-@pytest.mark.parametrize("options", [{}, {"position_ids": False}, {"shuffle": True, "seed": 2, "buffer": 17},
+@pytest.mark.parametrize("options", [{}, {"position_ids": False}, {"shuffle": True, "seed": 2, "shuffle_window": 17},
                                      {"fields": ("tokens", "doc_lens")}, {"rank": 1, "world_size": 2}])
 def test_batches_are_the_samples_collated(image_stage, text_stage, batch_size, options):
     for folder in (image_stage, text_stage):  # with images (decoded spans) and text only (strided spans)
@@ -85,6 +85,12 @@ def test_a_batch_inside_a_shard_is_a_view_of_it(tmp_path):
     assert [k for b in batches for k in b["doc_ids"]] == [s["doc_ids"] for s in whole]
 
 
+def test_batch_position_ids_reuse_a_few_buffers(text_stage, monkeypatch):
+    """Position ids made batch by batch (SpanPositions) in pooled memory, handed out again once
+    the batch is gone; batches of 5 lie inside the shards of 10 (one across two is a copy)."""
+    assert_positions_pooled(text_stage, monkeypatch, {"batch_size": 5})
+
+
 def test_a_batch_across_shards_is_stacked(text_stage):
     batch = list(stream(text_stage, batch_size=7))[1]  # samples 7-13, shards of 10
     assert batch["tokens"].flags.owndata and batch["tokens"].shape == (7, SEQ_LEN)
@@ -94,7 +100,7 @@ def test_a_batch_across_shards_is_stacked(text_stage):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_resume_between_batches_equals_the_uninterrupted_run(text_stage, shuffle):
     def make():
-        return stream(text_stage, batch_size=6, shuffle=shuffle, seed=3, buffer=13, loop=True)
+        return stream(text_stage, batch_size=6, shuffle=shuffle, seed=3, shuffle_window=13, loop=True)
 
     rng = random.Random(1)
     total = len(make())
@@ -182,9 +188,9 @@ def test_one_huge_header_does_not_pad_every_sample_after_it(tmp_path):
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_a_batch_never_mixes_two_curriculum_stages(tmp_path, shuffle, drop_last):
     write_curriculum(tmp_path)  # a short stage (64 tokens) read in several passes, then a long one (128)
-    options = {"shuffle": shuffle, "seed": 4, "buffer": 11, "batch_size": 7, "drop_last": drop_last}
+    options = {"shuffle": shuffle, "seed": 4, "shuffle_window": 11, "batch_size": 7, "drop_last": drop_last}
     per_rank = [list(stream(tmp_path, rank, 2, **options)) for rank in range(2)]
-    samples = list(stream(tmp_path, 1, 2, shuffle=shuffle, seed=4, buffer=11))
+    samples = list(stream(tmp_path, 1, 2, shuffle=shuffle, seed=4, shuffle_window=11))
     stages = [s["seq_len"] for s in samples]
     switch = stages.index(128)
     groups = [part[i : i + 7] for part in (samples[:switch], samples[switch:]) for i in range(0, len(part), 7)]
@@ -201,7 +207,7 @@ def test_resume_across_a_stage_switch_with_batches(tmp_path, shuffle):
     write_curriculum(tmp_path)
 
     def make():
-        return stream(tmp_path, 1, 2, shuffle=shuffle, seed=5, buffer=12, loop=True, batch_size=4)
+        return stream(tmp_path, 1, 2, shuffle=shuffle, seed=5, shuffle_window=12, loop=True, batch_size=4)
 
     total = len(make())
     whole = iter(make())

@@ -215,14 +215,14 @@ def test_batches_before_a_bad_sample_come_out_before_its_error(our_stage):
     assert [b["key"] for b in batches] == [[s["key"] for s in samples[i : i + 4]] for i in (0, 4)]
 
 
-def test_verify_without_sha256_and_no_stage_say_what_to_do(our_stage):
+def test_verify_without_sha256_and_no_phase_say_what_to_do(our_stage):
     manifest = read_manifest(our_stage)
     del manifest["shards"][1]["sha256"]
     (our_stage / "manifest.json").write_text(json.dumps(manifest))
     assert len(list(stream(our_stage)))  # without verify the sha256 is not needed
-    with pytest.raises(ValueError, match="verify=True, but the manifest of stage"):
+    with pytest.raises(ValueError, match="verify=True, but the manifest of phase"):
         stream(our_stage, verify=True)
-    with pytest.raises(ValueError, match="no stage to read"):
+    with pytest.raises(ValueError, match="no phase to read"):
         stream([])
 
 

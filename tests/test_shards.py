@@ -1,9 +1,12 @@
 import hashlib
+import io
+import json
+import tarfile
 
 import numpy as np
 import pytest
 
-from datapipe.loader.reference import read_shards
+from datapipe.loader.reference import read_shard, read_shards
 from datapipe.loader.shardindex import part_values
 from datapipe.loader.stream import stream
 from datapipe.packing.curriculum import CurriculumPhase, pack_phase
@@ -162,27 +165,44 @@ def test_a_crash_leaves_finished_shards_and_a_temporary_but_no_manifest(tmp_path
                                                         "shard-000000.tar", "shard-000001.index.json", "shard-000001.tar"]
 
 
-def test_members_decode_generically_by_extension(tmp_path):
-    import io
-    import json
-    import tarfile
-
-    from datapipe.loader.decode import iter_samples
-
-    path, key = tmp_path / "x.tar", "k" * 150  # a long key: tarfile writes a pax header for it
-    members = {f"{key}.tokens.npy": npy(np.arange(8, dtype=np.uint32)),
-               f"{key}.loss_mask.npy": npy(np.ones(8, np.uint8)),
-               f"{key}.json": json.dumps({"seq_len": 8, "captions": ["a", "b"]}).encode(), f"{key}.1.png": b"png-one",
-               f"{key}.0.png": b"png-zero", f"{key}.txt": b"hello", "k2.tokens.npy": npy(np.zeros((2, 3), np.int32))}
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+def tar_of(path, members, form=tarfile.PAX_FORMAT):
+    """A tar of {name: bytes} members, as another tool writes it."""
+    with tarfile.open(path, "w", format=form) as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    first, second = list(iter_samples(path.read_bytes(), str(path)))
-    assert first["key"] == key and first["loss_mask"].dtype == np.uint8 and first["tokens"].tolist() == list(range(8))
-    assert first["images"] == [b"png-zero", b"png-one"] and first["captions"] == ["a", "b"] and first["txt"] == b"hello"
-    assert second["tokens"].shape == (2, 3)
+    return path
+
+
+def foreign_phase(folder, data, samples):
+    """A phase folder of one shard (tar bytes) as another tool writes it: a manifest, no index file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "shard-000000.tar").write_bytes(data)
+    entry = {"name": "shard-000000.tar", "samples": samples, "tokens": 16 * samples, "bytes": len(data),
+             "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps({"phase": "main", "shards": [entry]}))
+    return folder
+
+
+def both_decoders(tmp_path, members, samples, form=tarfile.PAX_FORMAT):
+    """A shard's samples by the reference decoder and by the loader (its header walk)."""
+    path = tar_of(tmp_path / "x.tar", members, form)
+    folder = foreign_phase(tmp_path / "phase", path.read_bytes(), samples)
+    return list(read_shard(path)), list(stream(folder))
+
+
+def test_members_decode_generically_by_extension(tmp_path):
+    key = "k" * 150  # a long key: tarfile writes a pax header for it
+    members = {f"{key}.tokens.npy": npy(np.arange(8, dtype=np.uint32)),
+               f"{key}.loss_mask.npy": npy(np.ones(8, np.uint8)),
+               f"{key}.json": json.dumps({"seq_len": 8, "captions": ["a", "b"]}).encode(), f"{key}.1.png": b"png-one",
+               f"{key}.0.png": b"png-zero", f"{key}.txt": b"hello", "k2.tokens.npy": npy(np.zeros((2, 3), np.int32))}
+    for first, second in both_decoders(tmp_path, members, 2):
+        assert first["key"] == key and first["loss_mask"].dtype == np.uint8
+        assert first["tokens"].tolist() == list(range(8)) and first["captions"] == ["a", "b"]
+        assert first["images"] == [b"png-zero", b"png-one"] and first["txt"] == b"hello"
+        assert second["tokens"].shape == (2, 3) and second["images"] == [] and second["media_spans"] == []
 
 
 def npy(array):
@@ -191,25 +211,28 @@ def npy(array):
     return npy_bytes(array)
 
 
-def test_position_ids_of_a_batch_equal_one_at_a_time():
+def test_position_ids_of_a_span_equal_one_at_a_time():
     from datapipe.loader.fetch import BufferPool
-    from datapipe.loader.positions import add_position_ids
+    from datapipe.loader.positions import positions_of
     from datapipe.shardformat import derive_position_ids
 
     rng, pool = np.random.default_rng(1), BufferPool(keep=2)
     for trial in range(100):
         seq_len = int(rng.integers(1, 300))
-        samples = []
+        lens = []
         for _ in range(int(rng.integers(1, 12))):
             cuts = np.sort(rng.integers(0, seq_len + 1, size=int(rng.integers(1, 6))))
-            lens = np.diff(cuts, prepend=0).astype(np.int32)  # pieces of length 0 too; the rest is padding
-            samples.append({"doc_lens": lens, "seq_len": seq_len})
-        if trial % 10 == 0:  # not tiling: another seq_len, or pieces longer than the sequence
-            samples.append({"doc_lens": np.array([seq_len + 3], np.int32), "seq_len": seq_len + 3 + trial % 20})
-        add_position_ids(samples, [s["seq_len"] for s in samples], pool if trial % 2 else None)
-        for sample in samples:
-            expected = derive_position_ids(sample["doc_lens"], sample["seq_len"])
-            assert sample["position_ids"].dtype == np.int32 and np.array_equal(sample["position_ids"], expected)
+            lens.append(np.diff(cuts, prepend=0).astype(np.int32))  # pieces of length 0 too; the rest is padding
+        if trial % 10 == 0:  # not tiling: pieces longer than the sequence
+            lens.append(np.array([seq_len + 3], np.int32))
+        counts = np.array([len(row) for row in lens])
+        rows = positions_of(np.concatenate(lens), counts, seq_len, pool if trial % 2 else None)
+        if trial % 10 == 0:
+            assert rows is None
+            continue
+        assert rows.dtype == np.int32 and rows.shape == (len(lens), seq_len)
+        for row, pieces in zip(rows, lens):
+            assert np.array_equal(row, derive_position_ids(pieces, seq_len))
 
 
 def test_position_ids_restart_per_piece_and_padding():
@@ -228,18 +251,12 @@ def test_position_ids_restart_per_piece_and_padding():
 
 @pytest.mark.parametrize("shape", [(2, 3), ()])
 def test_arrays_that_are_not_1d_keep_their_shape(tmp_path, shape):
-    import io
-    import tarfile
-
-    from datapipe.loader.decode import iter_samples
-
-    path, arrays = tmp_path / "x.tar", [np.arange(np.prod(shape), dtype=np.int32).reshape(shape) + i for i in range(3)]
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for i, array in enumerate(arrays):  # one header for all three: the column's fast path is tried
-            data = io.BytesIO()
-            np.save(data, array)  # another tool's writer: shape kept (ours writes 1-D arrays only)
-            info, data = tarfile.TarInfo(f"k{i}.grid.npy"), data.getvalue()
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    got = [sample["grid"] for sample in iter_samples(path.read_bytes(), str(path))]
-    assert [g.shape for g in got] == [shape] * 3 and all(np.array_equal(g, a) for g, a in zip(got, arrays))
+    arrays = [np.arange(np.prod(shape), dtype=np.int32).reshape(shape) + i for i in range(3)]
+    members = {}
+    for i, array in enumerate(arrays):  # one header for all three: the column's fast path is tried
+        data = io.BytesIO()
+        np.save(data, array)  # another tool's writer: shape kept (ours writes 1-D arrays only)
+        members[f"k{i}.grid.npy"] = data.getvalue()
+    for samples in both_decoders(tmp_path, members, 3, tarfile.USTAR_FORMAT):
+        got = [sample["grid"] for sample in samples]
+        assert [g.shape for g in got] == [shape] * 3 and all(np.array_equal(g, a) for g, a in zip(got, arrays))

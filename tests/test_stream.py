@@ -68,11 +68,11 @@ def test_workers_partition_their_rank(stage, num_workers):
 
 
 def test_shuffle_is_a_seeded_permutation_that_changes_by_epoch(stage):
-    loader = stream(stage, shuffle=True, seed=7, buffer=16)
+    loader = stream(stage, shuffle=True, seed=7, shuffle_window=16)
     first, second = keys(loader), keys(loader)  # one iter() is one epoch
-    assert first == keys(stream(stage, shuffle=True, seed=7, buffer=16))
+    assert first == keys(stream(stage, shuffle=True, seed=7, shuffle_window=16))
     assert first != second and sorted(first) == sorted(second) == sorted(all_keys(stage))
-    assert first != keys(stream(stage, shuffle=True, seed=8, buffer=16))
+    assert first != keys(stream(stage, shuffle=True, seed=8, shuffle_window=16))
     assert keys(stream(stage)) == all_keys(stage)  # no shuffle: manifest order
 
 
@@ -95,16 +95,16 @@ def resume_at(make, cut, total):
     return head + keys(islice(iter(second), total - cut))
 
 
-@pytest.mark.parametrize("buffer", [1, 7, 64, 100_000])
-def test_resume_at_random_points_equals_the_uninterrupted_run(stage, buffer):
+@pytest.mark.parametrize("window", [1, 7, 64, 100_000])
+def test_resume_at_random_points_equals_the_uninterrupted_run(stage, window):
     def make():
-        return stream(stage, shuffle=True, seed=11, buffer=buffer, loop=True)
+        return stream(stage, shuffle=True, seed=11, shuffle_window=window, loop=True)
 
     epoch = len(make())
     total = 3 * epoch
     reference = keys(islice(iter(make()), total))
-    cuts = {0, 1, epoch - 1, epoch, epoch + 1, min(2 * epoch + buffer // 2, total - 1)}  # epoch ends, in a window
-    cuts |= set(random.Random(buffer).sample(range(total), 12))
+    cuts = {0, 1, epoch - 1, epoch, epoch + 1, min(2 * epoch + window // 2, total - 1)}  # epoch ends, in a window
+    cuts |= set(random.Random(window).sample(range(total), 12))
     for cut in sorted(cuts):
         assert resume_at(make, cut, total) == reference, f"resume after {cut} samples"
 
@@ -112,7 +112,7 @@ def test_resume_at_random_points_equals_the_uninterrupted_run(stage, buffer):
 @pytest.mark.parametrize("rank,world_size,worker,num_workers", [(1, 2, 0, 1), (0, 3, 1, 2), (2, 3, 2, 3)])
 def test_resume_per_rank_and_worker(stage, rank, world_size, worker, num_workers):
     def make():
-        return Stream(stage, rank, world_size, worker, num_workers, shuffle=True, seed=2, buffer=10, loop=True)
+        return Stream(stage, rank, world_size, worker, num_workers, shuffle=True, seed=2, shuffle_window=10, loop=True)
 
     total = 2 * len(make()) + 3
     reference = keys(islice(iter(make()), total))
@@ -133,6 +133,24 @@ def test_bad_rank_and_options_are_refused(stage):
         stream(stage, rank=2, world_size=2)
     with pytest.raises(ValueError, match="on_error"):
         stream(stage, on_error="ignore")
+    with pytest.raises(ValueError, match="shuffle_window 0"):
+        stream(stage, shuffle=True, shuffle_window=0)
+
+
+def test_the_renamed_buffer_option_says_its_new_name_and_old_states_resume(stage):
+    with pytest.raises(TypeError, match="shuffle_window="):
+        stream(stage, shuffle=True, buffer=16)
+    loader = stream(stage, shuffle=True, seed=3, shuffle_window=16)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    old = {**{k: v for k, v in state.items() if k != "shuffle_window"}, "buffer": 16}  # as the code before the rename saved it
+    resumed = stream(stage, shuffle=True, seed=3, shuffle_window=16)
+    resumed.load_state_dict(old)
+    assert next(iter(resumed))["key"] == next(it)["key"]
+    with pytest.raises(ValueError, match="shuffle_window=16"):
+        stream(stage, shuffle=True, seed=3, shuffle_window=17).load_state_dict(old)
 
 
 def write_curriculum(out, world_size_budget_factor=2.5):
@@ -175,7 +193,7 @@ def test_curriculum_resumes_exactly_across_a_stage_switch(tmp_path):
     write_curriculum(tmp_path)
 
     def make():
-        return stream(tmp_path, 1, 2, shuffle=True, seed=5, buffer=12, loop=True)
+        return stream(tmp_path, 1, 2, shuffle=True, seed=5, shuffle_window=12, loop=True)
 
     whole = keys(islice(iter(make()), len(make())))
     switch = [k.split("-")[0] for k in whole].index("long")
@@ -544,19 +562,21 @@ def test_mappings_held_at_once_are_capped_so_descriptors_never_run_out(tmp_path,
     assert isinstance(fetch.read_local(path, mapped=True).base.obj, mmap.mmap)  # one freed: mapped again
 
 
-def test_a_shard_partly_out_of_the_page_cache_is_read_not_mapped(tmp_path):
+@pytest.mark.parametrize("mapped", [False, True])  # False: the whole file leaves the page cache; True: its last third
+def test_a_shard_out_of_the_page_cache_is_read_and_one_mostly_in_is_mapped(tmp_path, mapped):
     import mmap
 
     fetch, path, data = cached_shard(tmp_path)
     with open(path, "rb") as file:
         os.fsync(file.fileno())  # the kernel drops clean pages only
-        os.posix_fadvise(file.fileno(), fetch.READ_CHUNK, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(file.fileno(), 2 * fetch.READ_CHUNK if mapped else 0, 0,
+                         os.POSIX_FADV_DONTNEED)
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapping:  # did the pages leave memory?
-            cached = fetch.in_memory(np.frombuffer(mapping, dtype=np.uint8))
-    if cached:
+            resident = fetch.resident_share(np.frombuffer(mapping, dtype=np.uint8))
+    if resident == 1:
         pytest.skip("this file system keeps every page in memory (tmpfs): nothing to tell apart")
     array = fetch.read_local(path, fetch.BufferPool(keep=1), mapped=True)
-    assert not isinstance(getattr(array.base, "obj", None), mmap.mmap) and array.tobytes() == data
+    assert isinstance(getattr(array.base, "obj", None), mmap.mmap) == mapped and array.tobytes() == data
 
 
 def test_mapped_and_read_shards_give_the_same_samples(stage):
@@ -582,6 +602,24 @@ def test_a_warm_shard_comes_from_the_page_cache_in_one_go(tmp_path):
             pytest.skip(f"this file system refuses RWF_NOWAIT reads ({err}): shards are read in chunks")
         assert fetch.cached_part(file.fileno(), view, fetch.READ_CHUNK) == len(view)
     assert view.tobytes() == path.read_bytes()
+
+
+def test_position_ids_reuse_a_few_buffers_while_samples_are_let_go(stage, monkeypatch):
+    """Made a chunk at a time (2 rows here), a span's position ids live in a few pooled buffers
+    the loader hands out again once the samples viewing them are gone, however long the span."""
+    assert_positions_pooled(stage, monkeypatch, {})
+
+
+def assert_positions_pooled(folder, monkeypatch, options):
+    """Every item's position ids lie in one of the few buffers of the loader's pool."""
+    from datapipe.loader import positions
+
+    monkeypatch.setattr(positions, "CHUNK_BYTES", 2 * 4 * 128)
+    loader, count = stream(folder, prefetch=1, **options), 0
+    for count, item in enumerate(loader, 1):  # noqa: B007 - counted
+        base = item["position_ids"].base
+        assert any(base is kept for kept in loader.position_pool.buffers)  # one of the pool's few, not a fresh one
+    assert count > loader.position_pool.keep  # more chunks or batches than the pool keeps buffers
 
 
 def test_samples_kept_across_epochs_stay_intact(stage):

@@ -20,7 +20,7 @@ def stage(tmp_path_factory):
 
 def make_loader(stage, num_workers, rank=0, world_size=1, batched=False, shuffle=True):
     """Batches of 4: collated by the DataLoader, or with `batched` made by the loader (batch_size=4)."""
-    options = {"rank": rank, "world_size": world_size, "shuffle": shuffle, "seed": 3, "buffer": 9}
+    options = {"rank": rank, "world_size": world_size, "shuffle": shuffle, "seed": 3, "shuffle_window": 9}
     context = "fork" if num_workers else None
     if batched:
         dataset = StreamDataset(stage, batch_size=4, **options)

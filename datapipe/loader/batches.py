@@ -6,9 +6,9 @@ other field is a list of B values (key, doc_lens, doc_ids, images...). The rule 
 batch's own samples, never at the rest of their shard.
 
 Stacking copies every token, which costs about what `cat` spends reading them, and the
-per-sample loader spends ~20 us of Python a sample at 8K tokens where `cat` spends 8. So
+per-sample loader spends 8-16 us a sample at 8K tokens where `cat` spends 6. So
 where it can the loader does neither: ShardWriter lays the samples of a shard at one stride
-(it pads each json header to a block count the stage's samples share), so an array column
+(it pads each json header to a block count the phase's samples share), so an array column
 of a span is one 2-D strided view of the shard's memory (span_rows, in a prefetch thread)
 and a batch inside a shard is a slice of it: no copy, and Python per batch, not per sample
 (bench/stream.py). A batch across two shards, a shuffled batch, and one of a span laid out
@@ -23,19 +23,21 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from datapipe.loader.decode import DECODE_ERRORS, ArrayColumn, SpanPlan
-from datapipe.loader.shardindex import as_array, json_loads
+from datapipe.loader.decode import DECODE_ERRORS, ArrayColumn, SpanLayout, json_headers, usual_columns
+from datapipe.loader.shardindex import as_array
 
 LISTED = ("doc_lens",)  # arrays never stacked, even if as long as the tokens: one entry per document
 
 
 class Rows(NamedTuple):
-    """Samples of one span before they are cut into batches: as columns (span_rows) or as decoded
-    sample dicts, which are collated batch by batch (what stacks depends on the batch's samples)."""
+    """The samples of consecutive epoch positions (a span, or a shuffle window in its permuted
+    order) as the loader hands them on: decoded sample dicts, yielded one by one or collated
+    batch by batch (what stacks depends on the batch's samples); or a span's columns (span_rows),
+    which batches slice."""
 
     columns: dict[str, Any] | list[dict[str, Any]]  # field -> stacked rows or a list of n values; or n samples
-    slots: list[int] | None  # each row's position in the span; None: row i is position i
-    size: int  # positions the span covers: its rows, and samples left out (bad, or of a skipped shard)
+    slots: list[int] | None  # each row's position counted from the first; None: row i is position i
+    size: int  # positions covered: the rows, and samples left out (bad, or of a skipped shard)
 
     def position_after(self, row: int) -> int:
         return (row if self.slots is None else self.slots[row]) + 1
@@ -45,21 +47,18 @@ class Rows(NamedTuple):
         return len(columns) if columns.__class__ is list else len(columns["key"])
 
 
-def span_rows(buffer, plan: SpanPlan, with_positions: bool, positions: np.ndarray | None) -> Rows | None:
-    """A span's rows straight from its plan (datapipe.loader.decode.plan_span), equal to collate() of
-    the samples decode_samples would build: the per-token array columns laid at one stride as 2-D
-    views, the json headers parsed in one call and turned into a list per field. None unless the
-    span is the usual one (every sample has each array and a json header, the headers have one
-    set of fields, every seq_len is the tokens' length, position ids came if asked for): the
-    caller then decodes its samples, which finds what is odd about them."""
-    count, columns = len(plan.keys), plan.columns
-    if with_positions and positions is None:
+def span_rows(buffer, layout: SpanLayout, with_positions: bool, positions: Any) -> Rows | None:
+    """A span's rows straight from its layout (datapipe.loader.decode.locate_span), equal to
+    collate() of the samples decode_samples would build: the per-token array columns laid at one
+    stride as 2-D views, the json headers turned into a list per field. None unless the span is
+    the usual one (decode.usual_columns), its headers have one set of fields, every seq_len is
+    the tokens' length, and position ids came if asked for (positions.SpanPositions, made as
+    batches slice them): the caller then decodes its samples, which finds what is odd about them."""
+    usual, count = usual_columns(layout), len(layout.keys)
+    if not count or usual is None or (with_positions and positions is None):
         return None
-    arrays = [c for c in columns.values() if c.__class__ is ArrayColumn and len(c.numbers) == count]
-    json = columns.get("json")
-    if not count or len(arrays) + (json is not None) != len(columns) or (json is not None and len(json[0]) != count):
-        return None
-    rows: dict[str, Any] = {"key": plan.keys, "images": [[] for _ in plan.keys]}
+    arrays, json = usual
+    rows: dict[str, Any] = {"key": layout.keys, "images": [[] for _ in layout.keys]}
     width = next((int(c.counts[0]) for c in arrays if c.name == "tokens" and (c.counts == c.counts[0]).all()), None)
     for column in arrays:
         per_token = width is not None and column.name not in LISTED and (column.counts == width).all()
@@ -68,7 +67,7 @@ def span_rows(buffer, plan: SpanPlan, with_positions: bool, positions: np.ndarra
     if fields is None or fields.get("seq_len", [width] * count).count(width) != count:
         return None
     rows.update(fields)
-    rows.setdefault("media_spans", [[] for _ in plan.keys])
+    rows.setdefault("media_spans", [[] for _ in layout.keys])
     if positions is not None:
         rows["position_ids"] = positions
     return Rows(rows, None, count)
@@ -88,12 +87,9 @@ def strided(column: ArrayColumn, width: int) -> np.ndarray:
 
 def json_fields(array: np.ndarray, json: tuple, taken: dict[str, Any]) -> dict[str, list] | None:
     """The json headers of a span as a list per field; None when one does not parse, is not an
-    object, or the headers differ in their fields or shadow a column. Each member is parsed on
-    its own (the members joined into one JSON list, parsed in one call, cost the same, and two
-    damaged members can join into two objects that are neither of them)."""
-    view = memoryview(array)
+    object, or the headers differ in their fields or shadow a column."""
     try:
-        headers = [json_loads(view[at : at + size]) for at, size in zip(json[1].tolist(), json[2].tolist())]
+        headers = json_headers(array, json)
     except DECODE_ERRORS:
         return None
     names = headers[0].keys() if headers[0].__class__ is dict else None
@@ -110,10 +106,14 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     batch = {}
     for name in names:
         values = [sample.get(name) for sample in samples]
-        stack = name not in LISTED and shape is not None and \
-            all(v.__class__ is np.ndarray and v.shape == shape for v in values)
-        batch[name] = np.stack(values) if stack else values
+        batch[name] = np.stack(values) if stacks(name, values, shape) else values
     return batch
+
+
+def stacks(name: str, values: list, shape: tuple[int, ...] | None) -> bool:
+    """Whether a batch's values of a field stack: arrays all shaped like the first row's tokens."""
+    return name not in LISTED and shape is not None and bool(values) and \
+        all(v.__class__ is np.ndarray and v.shape == shape for v in values)
 
 
 def take(columns: dict[str, Any] | list, start: int, stop: int) -> dict[str, Any] | list:
@@ -146,8 +146,7 @@ def settle(batch: dict[str, Any]) -> dict[str, Any]:
     rows that fit). Stacked columns come shaped like their span's tokens, so they stay."""
     shape = row_shape(batch.get("tokens"))
     for name, values in batch.items():
-        if values.__class__ is list and values and values[0].__class__ is np.ndarray and name not in LISTED and \
-                all(v.__class__ is np.ndarray and v.shape == shape for v in values):
+        if values.__class__ is list and stacks(name, values, shape):
             batch[name] = np.stack(values)
     return batch
 
@@ -168,17 +167,17 @@ def batched(spans: Iterator[Rows], batch_size: int, drop_last: bool, position: i
             ends: list[int]) -> Iterator[tuple[dict, int]]:
     """Batches of `batch_size` rows of consecutive spans, each with the position after its last
     row (counted on from `position`, where the first span starts). A batch never mixes two
-    curriculum stages (they end at the positions `ends`, datapipe.loader.schedule.stage_ends): a stage's
-    last batch is shorter, or left out with drop_last."""
+    curriculum phases (they end at the positions `ends`, datapipe.loader.schedule.phase_ends): a
+    phase's last batch is shorter, or left out with drop_last. A span lies within one phase."""
     parts: list[dict[str, Any]] = []
-    missing, stage = batch_size, None
+    missing, phase = batch_size, None
     for rows in spans:
         here = bisect_right(ends, position)
-        if parts and here != stage:
+        if parts and here != phase:
             if not drop_last:
                 yield join(parts), position
             parts, missing = [], batch_size
-        count, done, stage = len(rows), 0, here
+        count, done, phase = len(rows), 0, here
         while done < count:
             step = min(missing, count - done)
             parts.append(take(rows.columns, done, done + step))

@@ -1,37 +1,34 @@
-"""Decode the samples of a tar shard held in memory, by member extension.
+"""Decode the samples of a tar shard held in memory: the fast twin of datapipe.loader.reference.
 
 A shard is read whole into one buffer (datapipe.loader.fetch); where each member's bytes lie
 comes from its ShardIndex (datapipe.loader.shardindex: the index file beside the shard, or a walk
-over its tar headers).
+over its tar headers). The samples are those the plain reference decoder reads
+(datapipe.loader.reference, the spec; tests/test_reference.py checks them equal), built faster:
 
 Arrays come back as numpy views into the shard buffer (no copy; writable), sliced from
 one view of the whole buffer per dtype. A column the index gives a layout for needs no
 header read; otherwise its .npy headers are gathered in one numpy pass and parsed once
-per distinct header (a stage repeats a few). The usual span (every sample has every
-array and a json header) is built row by row with dict(zip(...)): about 3 us a sample at
-8K tokens, 2 of them orjson's, where `tarfile` plus `np.load(BytesIO(...))` per member
-costs 100+ (bench/stream.py); any other span member by member, column by column.
+per distinct header (a phase repeats a few). The usual span (every sample has every
+array and at most a json header) is built row by row with dict(zip(...)): about 3 us a
+sample at 8K tokens, 2 of them orjson's, where `tarfile` plus `np.load(BytesIO(...))` per
+member (the reference) costs 100+; any other span member by member, column by column.
 
 Members sharing a key (the file name up to its first dot, as in WebDataset) form one
-sample. Decoding is generic, so new members need no change here:
-`.npy` -> an array named by the middle of the name (`k.loss_mask.npy` -> "loss_mask"),
-`.json` -> its fields merged into the sample, images (`k.0.png`, `k.1.png`) -> their
-bytes in index order under "images", anything else -> raw bytes under its suffix.
-A member that does not decode makes its sample a BadSample, which the loader raises or
-skips; the other samples of the shard are unaffected.
+sample; each decodes by its extension (datapipe.shardformat.member_kind), so new members
+need no change here. A member that does not decode makes its sample a BadSample, which
+the loader raises or skips; the other samples of the shard are unaffected.
 """
 from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from datapipe.loader.shardindex import BLOCK, ShardError, ShardIndex, as_array, json_loads, tar_blocks, walk_index
+from datapipe.loader.shardindex import BLOCK, ShardError, ShardIndex, as_array, json_loads, tar_blocks
 from datapipe.shardformat import member_kind
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -44,19 +41,6 @@ class BadSample(NamedTuple):
 
     shard: str
     error: ShardError
-
-
-def iter_samples(buffer, shard: str) -> Iterator[dict[str, Any]]:
-    """The samples of a shard, located by a header walk; a member that does not decode, or damage
-    in the tar, raises ShardError."""
-    array = as_array(buffer)
-    index = walk_index(array, shard)
-    for sample in decode_samples(array, plan_span(array, index), shard):
-        if isinstance(sample, BadSample):
-            raise sample.error
-        yield sample
-    if index.error is not None:
-        raise index.error
 
 
 @dataclass
@@ -76,21 +60,21 @@ class ArrayColumn:
 
 
 @dataclass
-class SpanPlan:
-    """Where a span's members are and how each column decodes, found without building a sample
-    (numpy only, so a prefetch thread does it): .npy columns in the layout a stage writes become
+class SpanLayout:
+    """Where a span's members lie and how each column decodes, found without building a sample
+    (numpy only, so a prefetch thread does it): .npy columns as a writer lays them out become
     ArrayColumns; the other columns stay (numbers, offsets, sizes) for a member-by-member decode."""
 
     keys: list[str]  # the span's sample keys
     columns: dict[str, ArrayColumn | tuple[np.ndarray, np.ndarray, np.ndarray]]  # by suffix, in archive order
 
 
-def plan_span(buffer, index: ShardIndex, start: int = 0, stop: int | None = None) -> SpanPlan:
-    """The plan for samples start..stop-1 of the index (fewer if it has fewer)."""
+def locate_span(buffer, index: ShardIndex, start: int = 0, stop: int | None = None) -> SpanLayout:
+    """Where the members of samples start..stop-1 of the index lie (fewer if it has fewer)."""
     array = as_array(buffer)
     stop = len(index.keys) if stop is None else min(stop, len(index.keys))
     columns: dict[str, Any] = {}
-    typed: dict[tuple[np.dtype, int], np.ndarray] = {}  # one typed view per (dtype, byte phase), shared
+    typed: dict[tuple[np.dtype, int], np.ndarray] = {}  # one typed view per (dtype, shift), shared
     for suffix, (numbers, offsets, sizes) in index.columns.items():
         lo, hi = numbers.searchsorted(start), numbers.searchsorted(stop)
         if lo < hi:
@@ -102,7 +86,7 @@ def plan_span(buffer, index: ShardIndex, start: int = 0, stop: int | None = None
             elif kind == "npy":
                 column = array_column(array, name, numbers, offsets, sizes, typed)
             columns[suffix] = column or (numbers, offsets, sizes)
-    return SpanPlan(index.keys[start:stop], columns)
+    return SpanLayout(index.keys[start:stop], columns)
 
 
 def laid_out_column(array: np.ndarray, name: str, numbers: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
@@ -114,28 +98,30 @@ def laid_out_column(array: np.ndarray, name: str, numbers: np.ndarray, offsets: 
     dtype, header = layout
     starts = offsets + header
     counts, rest = np.divmod(sizes - header, dtype.itemsize)
-    phase = int(starts[0]) % dtype.itemsize
-    if rest.any() or counts.min() < 0 or (dtype.itemsize > 1 and (starts % dtype.itemsize != phase).any()):
+    shift = int(starts[0]) % dtype.itemsize
+    if rest.any() or counts.min() < 0 or (dtype.itemsize > 1 and (starts % dtype.itemsize != shift).any()):
         return None
-    return ArrayColumn(name, numbers.tolist(), typed_view(array, dtype, phase, typed),
-                       (starts - phase) // dtype.itemsize, counts)
+    return ArrayColumn(name, numbers.tolist(), typed_view(array, dtype, shift, typed),
+                       (starts - shift) // dtype.itemsize, counts)
 
 
-def typed_view(array: np.ndarray, dtype: np.dtype, phase: int, typed: dict) -> np.ndarray:
-    """The buffer from byte `phase` on as `dtype`: one view per (dtype, phase), shared by a span's columns."""
-    view = typed.get((dtype, phase))
+def typed_view(array: np.ndarray, dtype: np.dtype, shift: int, typed: dict) -> np.ndarray:
+    """The buffer from byte `shift` on as `dtype` (an array starting at byte b is in the view of
+    shift b mod itemsize): one view per (dtype, shift), shared by a span's columns."""
+    view = typed.get((dtype, shift))
     if view is None:
-        usable = (len(array) - phase) // dtype.itemsize * dtype.itemsize
-        view = typed[dtype, phase] = array[phase : phase + usable].view(dtype)
+        usable = (len(array) - shift) // dtype.itemsize * dtype.itemsize
+        view = typed[dtype, shift] = array[shift : shift + usable].view(dtype)
     return view
 
 
 def array_column(array: np.ndarray, name: str, numbers: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
                  typed: dict) -> ArrayColumn | None:
-    """An .npy column as a stage writes it: format 1.0 headers of one length, 1-D arrays of one
-    dtype whose data all start at one phase of its size, each inside its member. Then a member
-    costs one slice (0.3 us), against 1.7 with its own header parse. None for any other column,
-    or one where something does not parse: those go member by member, which says what is wrong."""
+    """An .npy column as our writer lays it out: format 1.0 headers of one length, 1-D arrays of
+    one dtype whose data all start at one shift (typed_view), each inside its member. Then a
+    member costs one slice (0.3 us), against 1.7 with its own header parse. None for any other
+    column, or one where something does not parse: those go member by member, which says what
+    is wrong."""
     headers = npy_headers(array, offsets)
     try:
         parsed = {header: npy_header(header) for header in dict.fromkeys(headers)} if headers else {}
@@ -147,16 +133,16 @@ def array_column(array: np.ndarray, name: str, numbers: np.ndarray, offsets: np.
     dtype, width = next(iter(parsed.values()))[0], len(headers[0])
     counts = np.array([parsed[header][3] for header in headers], dtype=np.int64)
     starts = offsets + width
-    phase = int(starts[0]) % dtype.itemsize
-    if (width + counts * dtype.itemsize > sizes).any() or (starts % dtype.itemsize != phase).any():
+    shift = int(starts[0]) % dtype.itemsize
+    if (width + counts * dtype.itemsize > sizes).any() or (starts % dtype.itemsize != shift).any():
         return None
-    return ArrayColumn(name, numbers.tolist(), typed_view(array, dtype, phase, typed),
-                       (starts - phase) // dtype.itemsize, counts)
+    return ArrayColumn(name, numbers.tolist(), typed_view(array, dtype, shift, typed),
+                       (starts - shift) // dtype.itemsize, counts)
 
 
 def npy_headers(array: np.ndarray, offsets: np.ndarray) -> list[bytes] | None:
     """The .npy headers of a column as bytes, gathered in one numpy pass; None unless they are all
-    format 1.0 of one length (as a stage writes them) inside the buffer. A tar member's data starts
+    format 1.0 of one length (as our writer writes them) inside the buffer. A tar member's data starts
     on a block, so the gather takes the first bytes of rows of a (blocks, 512) view."""
     if (offsets % BLOCK).any() or offsets.max() + BLOCK > len(array):
         return None
@@ -173,20 +159,31 @@ def npy_headers(array: np.ndarray, offsets: np.ndarray) -> list[bytes] | None:
     return headers.view(f"S{width}").ravel().tolist()
 
 
-def decode_samples(buffer, plan: SpanPlan, shard: str) -> list[dict[str, Any] | BadSample]:
-    """The samples of a span, built column by column from its plan (plan_span's). A sample with a
-    member that does not decode is a BadSample."""
-    columns, count = plan.columns, len(plan.keys)
+def usual_columns(layout: SpanLayout) -> tuple[list[ArrayColumn], tuple | None] | None:
+    """(array columns, json column) of the usual span, where every sample has each array as an
+    ArrayColumn and at most a json header each, as our writer lays text and media samples out;
+    None for any other span."""
+    columns, count = layout.columns, len(layout.keys)
     arrays = [c for c in columns.values() if c.__class__ is ArrayColumn and len(c.numbers) == count]
     json = columns.get("json")
-    if len(arrays) + (json is not None) == len(columns) and (json is None or len(json[0]) == count):
-        try:  # the usual span: arrays in every sample and at most a json header each
-            return build_samples(plan.keys, arrays, as_array(buffer), json)
+    if len(arrays) + (json is not None) != len(columns) or (json is not None and len(json[0]) != count):
+        return None
+    return arrays, json
+
+
+def decode_samples(buffer, layout: SpanLayout, shard: str) -> list[dict[str, Any] | BadSample]:
+    """The samples of a span, built from its layout (locate_span's): the usual span row by row
+    (build_samples), any other column by column, member by member (MemberDecoder). A sample
+    with a member that does not decode is a BadSample."""
+    usual = usual_columns(layout)
+    if usual is not None:
+        try:
+            return build_samples(layout.keys, *usual, as_array(buffer))
         except DECODE_ERRORS:
             pass  # a member that does not decode: member by member below, which finds it
-    samples: list[Any] = [{"key": key, "images": []} for key in plan.keys]
+    samples: list[Any] = [{"key": key, "images": []} for key in layout.keys]
     decoder = MemberDecoder(as_array(buffer), shard, samples)
-    for suffix, column in columns.items():
+    for suffix, column in layout.columns.items():
         if column.__class__ is ArrayColumn:
             decoder.place(column.name, column.numbers, column.views())
         else:
@@ -197,19 +194,26 @@ def decode_samples(buffer, plan: SpanPlan, shard: str) -> list[dict[str, Any] | 
     return samples
 
 
-def build_samples(keys: list[str], arrays: list[ArrayColumn], buffer: np.ndarray,
-                  json: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> list[dict[str, Any]]:
-    """A span whose samples all have every column: key, an empty images list, a view per array
-    column, the json header's fields; a member that does not decode raises. Built row-wise with
-    dict(zip(...)): 3.2 us a sample of three arrays and a json header on our 2-core box, 1.9 of
-    them orjson's (a C twin of this function measured 2.3: too little for a compiled module)."""
+def build_samples(keys: list[str], arrays: list[ArrayColumn], json: tuple | None,
+                  buffer: np.ndarray) -> list[dict[str, Any]]:
+    """A usual span's samples: key, an empty images list, a view per array column, the json
+    header's fields; a member that does not decode raises. Built row-wise with dict(zip(...)):
+    3.2 us a sample of three arrays and a json header on our 2-core box, 1.9 of them orjson's
+    (a C twin of this function measured 2.3: too little for a compiled module)."""
     names = ("key", "images", *(c.name for c in arrays))
     samples = [dict(zip(names, row)) for row in zip(keys, ([] for _ in keys), *(c.views() for c in arrays))]
     if json is not None:
-        view = memoryview(buffer)
-        for sample, at, size in zip(samples, json[1].tolist(), json[2].tolist()):
-            merge_header(sample, json_loads(view[at : at + size]))
+        for sample, fields in zip(samples, json_headers(buffer, json)):
+            merge_header(sample, fields)
     return samples
+
+
+def json_headers(buffer: np.ndarray, json: tuple) -> list[Any]:
+    """A json column's members parsed, each on its own (the members joined into one JSON list and
+    parsed in one call cost the same, and two damaged members can join into two objects that
+    are neither of them); a member that does not parse raises."""
+    view = memoryview(buffer)
+    return [json_loads(view[at : at + size]) for at, size in zip(json[1].tolist(), json[2].tolist())]
 
 
 def merge_header(sample: dict[str, Any], fields: Any) -> None:

@@ -1,7 +1,7 @@
 """Get a shard's bytes into memory: a local file mapped or read whole, or a download through fsspec.
 
-A local shard that the page cache holds whole is memory-mapped copy-on-write, its pages
-faulted in by the prefetch thread (no copy at all: the loader's cost at long sequences).
+A local shard that the page cache holds (most of: MAP_RESIDENT) is memory-mapped copy-on-write,
+its pages faulted in by the prefetch thread (no copy at all: the loader's cost at long sequences).
 Any other local shard is read into a page-aligned buffer from a BufferPool (from the page
 cache in one system call, from disk READ_CHUNK at a time): one copy, like `cat`, into
 memory that is already mapped (a fresh buffer costs a page fault and a kernel zero-fill
@@ -43,6 +43,11 @@ PAGE = 4096
 # `cat`'s time on our box with the page cache dropped (128 KiB: about as fast as `cat`).
 READ_CHUNK = 128 << 10
 NOWAIT = hasattr(os, "RWF_NOWAIT")  # Linux 4.14+: read only what the page cache holds
+# A shard is mapped when the page cache holds this share of it, else read. Not 1: our VM's host takes
+# page-cache pages back all the time (a shard read a minute before had 5-45% of its pages out, some
+# within a second of a `cat`), so "all of it" sent most shards through a 44 MiB copy into fresh
+# memory, and the per-sample loader at 8K ran at 200 or 900 M tokens/s by the luck of the page cache.
+MAP_RESIDENT = 0.5
 # Live shard mappings at most; beyond, shards are read. Python's mmap keeps a duplicate of the file
 # descriptor while mapped, so a consumer holding samples of thousands of shards would otherwise run
 # the process out of descriptors (1,024 by default) and fail the trainer's own opens (checkpoints).
@@ -174,18 +179,19 @@ def read_local(path: Path, pool: BufferPool | None = None, mapped: bool = False)
                 done += got
             return buffer
     except FileNotFoundError:
-        raise ShardError(f"{path}: shard listed in the manifest is missing; copy the whole stage folder, "
+        raise ShardError(f"{path}: shard listed in the manifest is missing; copy the whole phase folder, "
                          "or read with on_error='skip'") from None
 
 
 def map_cached(descriptor: int, size: int) -> np.ndarray | None:
     """The file mapped copy-on-write, every page faulted in by this (prefetch) thread, when the page
-    cache holds all of it; None otherwise, and the caller reads it. Mapping skips the copy that
-    dominates reading at long sequences: at 64K the loader ran at 1.37 of `cat` mapped, 0.63 copying,
-    on our 2-core box. A file not (wholly) cached is read instead: faulting it in from disk ran at
-    0.67 of `cat`, chunked reads at 0.82-0.92. Arrays stay writable (a write copies its page,
-    the file is never changed). The cost: a file truncated in place while mapped (`cp` over it; our
-    writer renames, never truncates) kills the process with SIGBUS, where a read would fail cleanly."""
+    cache holds most of it (MAP_RESIDENT); None otherwise, and the caller reads it. Mapping skips
+    the copy that dominates reading at long sequences: at 64K the loader ran at 1.37 of `cat`
+    mapped, 0.63 copying, on our 2-core box. A file mostly out of the page cache is read instead:
+    faulting it in from disk ran at 0.67 of `cat`, chunked reads at 0.82-0.92. Arrays stay
+    writable (a write copies its page, the file is never changed). The cost: a file truncated
+    in place while mapped (`cp` over it; our writer renames, never truncates) kills the process
+    with SIGBUS, where a read would fail cleanly."""
     if not size or load_mincore() is None or len(MAPPED) >= MAX_MAPPED:
         return None
     try:
@@ -193,19 +199,24 @@ def map_cached(descriptor: int, size: int) -> np.ndarray | None:
     except OSError:  # a file system that cannot map (some FUSE mounts): read it
         return None
     array = np.frombuffer(mapping, dtype=np.uint8)
-    if not in_memory(array):
+    resident = resident_share(array)
+    if resident < MAP_RESIDENT:
         del array
         mapping.close()
         return None
+    if resident < 1 and hasattr(mapping, "madvise"):
+        mapping.madvise(mmap.MADV_WILLNEED)  # the kernel reads the missing pages ahead of the faults below
     array[::PAGE].max()  # fault every page in here, not in the trainer's thread (numpy drops the GIL meanwhile)
     MAPPED.add(mapping)
     return array
 
 
-def in_memory(array: np.ndarray) -> bool:
-    """Whether every page of a mapped array is in memory (mincore; needs load_mincore())."""
+def resident_share(array: np.ndarray) -> float:
+    """The share of a mapped array's pages in memory (mincore; needs load_mincore()); 0 if it fails."""
     pages = np.empty(-(-len(array) // mmap.PAGESIZE), dtype=np.uint8)  # one byte a page of the system's size
-    return load_mincore()(array.ctypes.data, len(array), pages.ctypes.data) == 0 and bool((pages & 1).all())
+    if load_mincore()(array.ctypes.data, len(array), pages.ctypes.data) != 0:
+        return 0.0
+    return float(np.count_nonzero(pages & 1)) / len(pages)
 
 
 @cache
@@ -244,7 +255,7 @@ def download(url: str) -> bytearray:
         return bytearray(open_filesystem(url).cat_file(url))  # one plain GET: no range requests needed
     except FileNotFoundError:
         raise ShardError(f"{url}: shard listed in the manifest is missing on the server; "
-                         "upload the whole stage folder, or read with on_error='skip'") from None
+                         "upload the whole phase folder, or read with on_error='skip'") from None
     except Exception as err:  # noqa: BLE001 - fsspec back ends raise their own types (aiohttp's for HTTP 5xx)
         raise ShardError(f"{url}: download failed ({type(err).__name__}: {err}); retry, "
                          "or read with on_error='skip'") from err
@@ -261,7 +272,7 @@ def checked(buffer, location: str, shard: dict[str, Any], verify: bool):
 
 
 def cache_name(url: str, sha256: str | None) -> str:
-    """One file per URL and version of the shard (its sha256 from the manifest): a stage replaced
+    """One file per URL and version of the shard (its sha256 from the manifest): a phase replaced
     at the same URL never meets the old version's file. The readable tail helps whoever looks
     into the cache folder."""
     digest = hashlib.sha256(f"{url}\n{sha256}".encode()).hexdigest()[:16]
@@ -272,7 +283,7 @@ def write_cache(path: Path, buffer) -> None:
     """The shard into the cache, atomically; a cache that cannot be written (read-only, full) is
     logged and the loader goes on without it."""
     # unique per process and thread: DataLoader workers, and two prefetch threads of one loader
-    # fetching the same shard (a stage read twice in one epoch), may write it at once
+    # fetching the same shard (a phase read twice in one epoch), may write it at once
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; plain json giv
     from json import loads as json_loads
 
 BLOCK = 512
-REINDEX = "rewrite the stage, or delete the index files to read the shards by their tar headers"
+REINDEX = "rewrite the phase, or delete the index files to read the shards by their tar headers"
 
 
 class ShardError(ValueError):
@@ -199,7 +199,7 @@ def ramp(count: int) -> np.ndarray:
 def checked_columns(counts: dict[str, int], table: np.ndarray, samples: int, length: int) -> dict[str, tuple]:
     """An index's columns, views of its member table, checked in one pass over all of them: every
     member inside the shard and on a tar block (numpy slices would quietly cut short), each
-    column's sample numbers rising (plan_span bisects them; one member a sample). One pass for
+    column's sample numbers rising (locate_span bisects them; one member a sample). One pass for
     all columns: 0.2 ms an index of 256 samples with its parse, where a check per column took 0.4."""
     number, at, size = table
     ends = np.cumsum(np.array(list(counts.values()), dtype=np.int64))

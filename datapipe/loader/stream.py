@@ -1,7 +1,7 @@
 """Stream packed samples to a trainer: `for sample in datapipe.stream("out/demo", rank=r, world_size=n)`.
 
-The loader reads a stage folder (manifest.json) or a run folder (run.json: the
-curriculum's stages in order, each until its token budget), from a local path or any
+The loader reads a phase folder (manifest.json) or a run folder (run.json: the
+curriculum's phases in order, each until its token budget), from a local path or any
 fsspec URL. What a (rank, worker) reads, and in what order, is index arithmetic over
 the manifests (datapipe.loader.schedule): equal sample counts on every rank, shard order and a
 window shuffle from (seed, epoch). So the state is two integers, (epoch, position):
@@ -11,17 +11,22 @@ samples that follow are exactly those an uninterrupted run would have yielded ne
 Shards are mapped or read whole (or downloaded into an optional cache) `prefetch` ahead
 by a thread pool, checked against the manifest's size and, with verify=True, its sha256.
 The same threads read each shard's index (datapipe.packing.writer writes one beside each shard;
-a shard without one is located by a walk over its tar headers), plan the decoding of the
-span (datapipe.loader.decode.plan_span: numpy only) and derive its position ids
+a shard without one is located by a walk over its tar headers), locate the span's members
+(datapipe.loader.decode.locate_span: numpy only) and derive its position ids
 (datapipe.loader.positions.span_positions), so the thread that iterates only builds the sample
-dicts: about 3 us a sample at 8K tokens in a tight loop on our 2-core box (about 7 in
-the loader), where `cat` of the same bytes takes 7-9 (bench/stream.py, README "Speed").
-With batch_size the loader yields batches of consecutive samples instead
-(datapipe.loader.batches): in a shard of text samples the prefetch threads make each array column
-one strided view of the shard and this thread only slices it, no Python per sample.
-A bad shard raises ShardError naming it; with on_error="skip" its samples are left out
-instead, logged, and listed in `.skipped` (that rank then yields fewer samples); a member
-that does not decode fails its sample alone.
+dicts (about 3 us a sample at 8K tokens) and makes the position ids a chunk at a time as
+they go out: per sample, 0.36-0.40 of `cat`'s pace at 8K and 0.5 at 64K with position ids,
+0.55-0.75 and ~1.0 without, in fresh processes on our 2-core box (bench/stream.py). The
+samples are those of the plain reference decoder (datapipe.loader.reference), which the
+tests hold every path equal to.
+
+One pipeline for every mode: the spans' samples become Rows, the samples of consecutive
+epoch positions (a span in order, or a shuffle window in its permuted order), which go out
+one by one or, with batch_size, in batches of consecutive rows (datapipe.loader.batches); in
+order, a span of text samples comes as columns (each array one strided view of the shard)
+that batches only slice, no Python per sample. A bad shard raises ShardError naming it; with
+on_error="skip" its samples are left out instead, logged, and listed in `.skipped` (that rank
+then yields fewer samples); a member that does not decode fails its sample alone.
 """
 from __future__ import annotations
 
@@ -29,44 +34,34 @@ import copy
 import hashlib
 import json
 import logging
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from itertools import chain, islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from datapipe.loader import fetch
-from datapipe.loader.batches import Rows, batch_count, batched, collate, span_rows
-from datapipe.loader.decode import BadSample, SpanPlan, decode_samples, plan_span
-from datapipe.loader.positions import finish_samples, span_positions
-from datapipe.loader.schedule import Placement, Span, Stage, epoch_plan, spans_from, stage_ends, window_order, windows
+from datapipe.loader.batches import Rows, batch_count, batched, span_rows
+from datapipe.loader.decode import BadSample, SpanLayout, decode_samples, locate_span
+from datapipe.loader.options import StreamOptions, check_options, default_window, make_options
+from datapipe.loader.positions import SpanPositions, finish_samples, span_positions
+from datapipe.loader.schedule import (
+    Phase,
+    Placement,
+    Span,
+    epoch_schedule,
+    phase_ends,
+    spans_from,
+    window_order,
+    windows,
+)
 from datapipe.loader.shardindex import ShardError, ShardIndex, parse_index, walk_index
 from datapipe.schema import PackedSample
 from datapipe.shardformat import MANIFEST, RUN_MANIFEST, member_field, phase_name, run_phases
 
 log = logging.getLogger(__name__)
-ON_ERROR = ("raise", "skip")
-WINDOW_BYTES = 64 << 20  # the default shuffle window's memory: a trainer host has it to spare per rank
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    shuffle: bool = False  # permute shard order and shuffle within windows, from (seed, epoch)
-    seed: int = 0  # the same seed, epoch and placement give the same order on every machine
-    buffer: int | None = None  # shuffle window in samples; None: what fits in 64 MiB (~2K at 8K tokens, 255 at 64K)
-    loop: bool = False  # False: one iter() is one epoch; True: epochs follow each other forever
-    verify: bool = False  # check each shard's sha256 (about 1.5 GB/s of one core, in the prefetch threads)
-    on_error: str = "raise"  # "raise": a bad shard stops with its name; "skip": leave it out and log it
-    cache_dir: str | None = None  # keep downloaded shards here; None: remote shards stay in memory only
-    prefetch: int = 2  # shards read ahead of the one being decoded (shuffled: plus a window), in threads
-    position_ids: bool = True  # derive position_ids from doc_lens as read_shard does (~40% of the decode at 8K)
-    mmap: bool = True  # map local shards the page cache holds whole (no copy); False: read them (see fetch.map_cached)
-    batch_size: int | None = None  # yield batches of this many samples (datapipe.loader.batches); None: samples one by one
-    drop_last: bool = False  # with batch_size: leave out an epoch's last batch when it is short
-    fields: tuple[str, ...] | None = None  # decode only these members (see member_field); None: all of them
 
 
 class LoadedSpan(NamedTuple):
@@ -74,8 +69,8 @@ class LoadedSpan(NamedTuple):
 
     buffer: Any  # the shard's bytes
     index: ShardIndex
-    plan: SpanPlan  # the span's members, located and typed
-    positions: Any  # the span's position ids (a row per sample), or None: finish_samples derives them
+    layout: SpanLayout  # where the span's members lie, located and typed
+    positions: SpanPositions | None  # the span's position ids, made when sliced; None: finish_samples derives them
     rows: Rows | None  # with batch_size, unshuffled: the span as columns (batches.span_rows), or None: decode it
 
 
@@ -85,28 +80,28 @@ class Stream:
     def __init__(self, source: str | Path | list[str | Path], rank: int = 0, world_size: int = 1,
                  worker: int = 0, num_workers: int = 1, **options: Any):
         self.place = Placement(rank, world_size, worker, num_workers)
-        self.stages = load_stages(source)
-        if not self.stages:
-            raise ValueError("no stage to read: give a run folder, a stage folder, or a non-empty list of them")
-        self.options = resolve_buffer(StreamOptions(**options), self.stages)
-        self.fingerprint = data_fingerprint(self.stages)  # in every state_dict (torchdata takes one a batch)
-        check_options(self.options, self.place, self.stages)
+        self.phases = load_phases(source)
+        if not self.phases:
+            raise ValueError("no phase to read: give a run folder, a phase folder, or a non-empty list of them")
+        self.options = default_window(make_options(options), self.phases)
+        self.fingerprint = data_fingerprint(self.phases)  # in every state_dict (torchdata takes one a batch)
+        check_options(self.options, self.place, self.phases)
         self.epoch, self.position = 0, 0
         self.skipped: list[str] = []  # shards left out under on_error="skip", in the order met
-        self.buffers: fetch.BufferPool | None = None  # shard buffers, made on the first iter()
-        self.position_buffers: fetch.BufferPool | None = None  # and the position ids' memory
+        self.shard_pool: fetch.BufferPool | None = None  # memory for shards read (not mapped), made on the first iter()
+        self.position_pool: fetch.BufferPool | None = None  # and for the position ids
 
     def for_worker(self, worker: int, num_workers: int) -> Stream:
         """The same loader for one DataLoader worker: a contiguous part of this rank's samples."""
         other = copy.copy(self)
         other.place = Placement(self.place.rank, self.place.world_size, worker, num_workers)
-        check_options(other.options, other.place, other.stages)
-        other.skipped, other.buffers, other.position_buffers = [], None, None
+        check_options(other.options, other.place, other.phases)
+        other.skipped, other.shard_pool, other.position_pool = [], None, None
         return other
 
     def __getstate__(self) -> dict[str, Any]:
-        """A pickled loader (a DataLoader worker's copy) starts with no buffers: they are not shareable."""
-        return {**self.__dict__, "buffers": None, "position_buffers": None}
+        """A pickled loader (a DataLoader worker's copy) starts with no pools: they are not shareable."""
+        return {**self.__dict__, "shard_pool": None, "position_pool": None}
 
     def __iter__(self) -> Iterator[PackedSample]:
         yield from self.iterate_epoch()
@@ -117,9 +112,9 @@ class Stream:
                 return
 
     def __len__(self) -> int:
-        """Samples (with batch_size: batches, cut at each stage's end) this (rank, worker) yields per
+        """Samples (with batch_size: batches, cut at each phase's end) this (rank, worker) yields per
         epoch, before any skipped shard."""
-        ends = stage_ends(epoch_plan(self.stages, self.place, self.options.seed, 0, False))
+        ends = phase_ends(epoch_schedule(self.phases, self.place, self.options.seed, 0, False))
         if self.options.batch_size is None:
             return ends[-1] if ends else 0  # a budget worth fewer samples than ranks: none
         return sum(batch_count(end - start, self.options.batch_size, self.options.drop_last)
@@ -134,73 +129,66 @@ class Stream:
         return {"epoch": self.epoch, "position": self.position, **self.identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where `state` was saved. A state saved before shuffle_window was named so holds
+        the same number under "buffer"."""
+        if "shuffle_window" not in state and "buffer" in state:
+            state = {**state, "shuffle_window": state["buffer"]}
         for key, value in self.identity().items():
             if state.get(key) != value:
                 raise ValueError(f"cannot resume: the state was saved with {key}={state.get(key)!r}, this loader has "
-                                 f"{key}={value!r}; resume with the same data, seed, shuffle, buffer, ranks, workers")
+                                 f"{key}={value!r}; resume with the same data, seed, shuffle, shuffle_window, ranks, "
+                                 "workers")
         self.epoch, self.position = state["epoch"], state["position"]
 
     def identity(self) -> dict[str, Any]:
         """What must not change across a resume for the order to be the same."""
         options = self.options
-        return {**asdict(self.place), "seed": options.seed, "shuffle": options.shuffle, "buffer": options.buffer,
-                "data": self.fingerprint}
+        return {**asdict(self.place), "seed": options.seed, "shuffle": options.shuffle,
+                "shuffle_window": options.shuffle_window, "data": self.fingerprint}
 
     def iterate_epoch(self) -> Iterator[PackedSample]:
         options = self.options
-        segments = epoch_plan(self.stages, self.place, options.seed, self.epoch, options.shuffle)
-        todo = [w for w in windows(segments, self.place, options.seed, self.epoch, options.buffer)
+        segments = epoch_schedule(self.phases, self.place, options.seed, self.epoch, options.shuffle)
+        todo = [w for w in windows(segments, self.place, options.seed, self.epoch, options.shuffle_window)
                 if w[0] + w[1] > self.position]
         if todo:
             first = todo[0][0] if options.shuffle else self.position
             spans = self.read_spans(spans_from(segments, first))
+            rows = self.shuffled(todo, spans) if options.shuffle else self.in_order(spans)
             try:
                 if options.batch_size is None:
-                    yield from self.shuffled(todo, spans) if options.shuffle else self.in_order(spans)
-                elif options.shuffle:
-                    yield from self.collated(self.shuffled(todo, spans), stage_ends(segments))
+                    yield from self.one_by_one(rows)
                 else:
-                    yield from self.in_batches(spans, stage_ends(segments))
+                    yield from self.in_batches(rows, phase_ends(segments))
             finally:
                 spans.close()
         self.epoch, self.position = self.epoch + 1, 0
 
-    def in_order(self, spans: Iterator[list]) -> Iterator[PackedSample]:
-        for samples in spans:
-            for sample in samples:
-                self.position += 1
-                if sample.__class__ is dict:
-                    yield sample
-                elif sample is not None:
-                    self.bad_sample(sample)
+    def in_order(self, spans: Iterator[Rows | list]) -> Iterator[Rows]:
+        """The spans' rows in schedule order: as the prefetch threads made them, or decoded here."""
+        for item in spans:
+            if item.__class__ is Rows:
+                yield item
+            else:
+                yield from self.rows_of(item)
 
-    def shuffled(self, todo: list, spans: Iterator[list]) -> Iterator[PackedSample]:
-        """Fill a window, yield it in its permuted order from the current position; the next window."""
-        slots = chain.from_iterable(spans)
-        for start, size, key in todo:
-            chunk = list(islice(slots, size))
-            for index in window_order(size, key, True)[self.position - start:]:
-                sample, chunk[index] = chunk[index], None  # drop our reference: its shard buffer frees sooner
-                self.position += 1
-                if sample.__class__ is dict:
-                    yield sample
-                elif sample is not None:
-                    self.bad_sample(sample)
-
-    def in_batches(self, spans: Iterator[Rows | list], ends: list[int]) -> Iterator[dict[str, Any]]:
-        """Batches of consecutive samples: slices of the spans' rows, which the prefetch threads
-        made, or of samples decoded here when a span is not laid out for that."""
-        rows = chain.from_iterable((item,) if item.__class__ is Rows else self.rows_of(item) for item in spans)
-        options = self.options
-        for batch, position in batched(rows, options.batch_size, options.drop_last, self.position, ends):
-            self.position = position
-            yield batch
+    def shuffled(self, todo: list, spans: Iterator[list]) -> Iterator[Rows]:
+        """Each window's samples in its permuted order (the first from the current position on)."""
+        slots, skip = chain.from_iterable(spans), self.position - todo[0][0]
+        for _, size, key in todo:
+            window = list(islice(slots, size))
+            permuted = [window[index] for index in window_order(size, key, True)[skip:]]
+            window, skip = None, 0  # the next window is read while this one goes out: hold it once only
+            yield from self.rows_of(permuted)
 
     def rows_of(self, samples: list) -> Iterator[Rows]:
-        """Decoded samples as rows, collated batch by batch (batches.join). A bad sample is left
-        out, or under on_error="raise" raised after the rows before it, so that the batches they
-        complete come out first, as the per-sample loader yields those samples."""
-        slots: list[int] = []
+        """Consecutive positions' samples (a dict, a BadSample, or None where a skipped shard was) as
+        rows. A bad sample is left out, or under on_error="raise" raised after the rows before
+        it, so that the samples (and the batches they complete) before it come out first."""
+        if all(sample.__class__ is dict for sample in samples):
+            yield Rows(samples, None, len(samples))
+            return
+        slots = []
         for slot, sample in enumerate(samples):
             if sample.__class__ is dict:
                 slots.append(slot)
@@ -210,25 +198,27 @@ class Stream:
                 self.bad_sample(sample)
         yield Rows([samples[slot] for slot in slots], slots, len(samples))
 
-    def collated(self, samples: Iterator[PackedSample], ends: list[int]) -> Iterator[dict[str, Any]]:
-        """Shuffled samples in batches, stacked (a copy: a window's samples lie all over its
-        shards), never two stages in one batch. Only the next sample shows that a stage ended:
-        while the batch before it goes out, the position is the one after that batch's last sample."""
-        size, drop_last, batch, stage, after_last = self.options.batch_size, self.options.drop_last, [], None, 0
-        for sample in samples:
-            here, position = bisect_right(ends, self.position - 1), self.position
-            if batch and here != stage:
-                self.position = after_last
-                if not drop_last:
-                    yield collate(batch)
-                self.position, batch = position, []
-            batch.append(sample)
-            stage, after_last = here, position
-            if len(batch) == size:
-                yield collate(batch)
-                batch = []
-        if batch and not drop_last:
-            yield collate(batch)
+    def one_by_one(self, rows: Iterator[Rows]) -> Iterator[PackedSample]:
+        """The rows' samples; while one is out, the position is the one after it. Each leaves its
+        list as it goes out, so that its memory (shard, position ids) frees once the consumer
+        lets it go, not when the span or window is done."""
+        for part in rows:
+            start, samples = self.position, part.columns
+            after = range(start + 1, start + 1 + len(samples)) if part.slots is None else \
+                [start + slot + 1 for slot in part.slots]
+            for number, position in enumerate(after):
+                sample, samples[number] = samples[number], None
+                self.position = position
+                yield sample
+            self.position = start + part.size
+
+    def in_batches(self, rows: Iterator[Rows], ends: list[int]) -> Iterator[dict[str, Any]]:
+        """Batches of consecutive rows, never two phases in one (they end at `ends`); while a batch is
+        out, the position is the one after its last sample."""
+        options = self.options
+        for batch, position in batched(rows, options.batch_size, options.drop_last, self.position, ends):
+            self.position = position
+            yield batch
 
     def bad_sample(self, sample: BadSample) -> None:
         """A sample with a member that does not decode: raised, or under on_error="skip" left out."""
@@ -238,9 +228,10 @@ class Stream:
         self.skipped.append(sample.shard)
 
     def read_spans(self, spans: Iterator[Span]) -> Iterator[list]:
-        """The samples of each span in plan order, a list per span (or per part of one), one item
-        per planned position: a dict, a BadSample, or None where a skipped shard was. A span is
-        decoded when its turn comes.
+        """Each span's samples in schedule order: a list per span (or per part of one), one item per
+        position (a dict, a BadSample, or None where a skipped shard was), or with batch_size
+        unshuffled the span's Rows when the prefetch thread could make them. A span is decoded
+        when its turn comes.
 
         Reads, downloads and sha256 run `prefetch` shards ahead in threads (all three release
         the GIL), so the next shard arrives while this one is decoded; prefetch=0 reads inline.
@@ -248,15 +239,15 @@ class Stream:
         sample goes out, and the next one's shards are read while this one is handed out."""
         pool = ThreadPoolExecutor(max_workers=max(1, self.options.prefetch), thread_name_prefix="datapipe-fetch")
         submit = pool.submit if self.options.prefetch else run_now
-        window = shards_per_window(self.stages, self.options)
+        window = shards_per_window(self.phases, self.options)
         ahead = self.options.prefetch + window if self.options.prefetch else 0
-        if self.buffers is None:  # kept for the next epochs: fresh memory costs the kernel a zero-fill
-            self.buffers = fetch.BufferPool(keep=ahead + 2 + window)
-            self.position_buffers = fetch.BufferPool(keep=ahead + 2 + window)
+        if self.shard_pool is None:  # kept for the next epochs: fresh memory costs the kernel a zero-fill
+            self.shard_pool = fetch.BufferPool(keep=ahead + 2 + window)
+            self.position_pool = fetch.BufferPool(keep=ahead + 2 + window)
         pending: deque = deque()
         try:
             for span in spans:
-                pending.append((span, submit(self.load, span, self.buffers)))
+                pending.append((span, submit(self.load, span, self.shard_pool)))
                 if len(pending) > ahead:
                     yield from self.span_samples(*pending.popleft())
             while pending:
@@ -264,61 +255,71 @@ class Stream:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def load(self, span: Span, buffers: fetch.BufferPool) -> LoadedSpan:
+    def load(self, span: Span, pool: fetch.BufferPool) -> LoadedSpan:
         """A prefetch thread's part of a span: the shard's bytes, its index (the writer's, else a
-        walk over its tar headers), the decoding plan and the position ids."""
-        stage = self.stages[span.stage]
-        shard = stage.shards[span.shard]
+        walk over its tar headers), where the span's members lie and the position ids."""
+        phase = self.phases[span.phase]
+        shard = phase.shards[span.shard]
         cache = Path(self.options.cache_dir) if self.options.cache_dir else None
-        location = fetch.join(stage.location, shard["name"])
-        if "index" in shard and not buffers.warm:  # shards come from disk: have the index read meanwhile
-            fetch.will_need(fetch.join(stage.location, shard["index"]["name"]))
-        buffer = fetch.load_shard(location, shard, cache, self.options.verify, buffers, self.options.mmap)
-        index = self.load_index(stage, shard, location, cache) or walk_index(buffer, location, span.stop)
+        location = fetch.join(phase.location, shard["name"])
+        if "index" in shard and not pool.warm:  # shards come from disk: have the index read meanwhile
+            fetch.will_need(fetch.join(phase.location, shard["index"]["name"]))
+        buffer = fetch.load_shard(location, shard, cache, self.options.verify, pool, self.options.mmap)
+        index = self.load_index(phase, shard, location, cache) or walk_index(buffer, location, span.stop)
         if index.more and span.stop == shard["samples"]:  # the walk met a sample the manifest does not list
             index.error = ShardError(f"{location}: holds more than the {shard['samples']} samples the manifest "
-                                     "lists: replaced, or the manifest edited; rewrite the stage")
-        plan = plan_span(buffer, index, span.start, span.stop)
+                                     "lists: replaced, or the manifest edited; rewrite the phase")
+        layout = locate_span(buffer, index, span.start, span.stop)
         if self.options.fields is not None:
-            plan.columns = {s: c for s, c in plan.columns.items() if member_field(s) in self.options.fields}
+            layout.columns = {s: c for s, c in layout.columns.items() if member_field(s) in self.options.fields}
         options = self.options
-        positions = span_positions(plan, self.position_buffers) if options.position_ids else None
-        rows = span_rows(buffer, plan, options.position_ids, positions) if options.batch_size and not options.shuffle \
+        positions = span_positions(layout, self.position_pool) if options.position_ids else None
+        rows = span_rows(buffer, layout, options.position_ids, positions) if options.batch_size and not options.shuffle \
             else None
-        return LoadedSpan(buffer, index, plan, positions, rows)
+        return LoadedSpan(buffer, index, layout, positions, rows)
 
-    def load_index(self, stage: Stage, shard: dict[str, Any], location: str, cache: Path | None) -> ShardIndex | None:
+    def load_index(self, phase: Phase, shard: dict[str, Any], location: str, cache: Path | None) -> ShardIndex | None:
         """The shard's index; None, so that its tar headers are walked, when it has none or a bad one
         (the samples are the same either way: an index only saves time)."""
         entry = shard.get("index")
         if entry is None:
             return None
         try:
-            data = fetch.load_shard(fetch.join(stage.location, entry["name"]), entry, cache, self.options.verify)
+            data = fetch.load_shard(fetch.join(phase.location, entry["name"]), entry, cache, self.options.verify)
             return parse_index(memoryview(data), location, shard)
         except ShardError as err:
             log.warning("reading a shard by its tar headers: %s", err)
             return None
 
-    def span_samples(self, span: Span, future) -> Iterator[list]:
-        stage = self.stages[span.stage]
-        location = fetch.join(stage.location, stage.shards[span.shard]["name"])
+    def finished(self, samples: list, positions: SpanPositions | None, shard: str) -> Iterator[list]:
+        """A span's decoded samples, finished (finish_samples) a chunk at a time as they are asked
+        for: position ids are made as the samples go out (datapipe.loader.positions)."""
+        step = max(1, len(samples)) if positions is None else positions.chunk
+        for start in range(0, len(samples), step):
+            part = samples[start : start + step]
+            samples[start : start + step] = [None] * len(part)  # else the span's list keeps every chunk alive
+            rows = None if positions is None else positions[start : start + step]
+            finish_samples(part, rows, self.options.position_ids, shard)
+            yield part
+
+    def span_samples(self, span: Span, future) -> Iterator[Rows | list]:
+        phase = self.phases[span.phase]
+        location = fetch.join(phase.location, phase.shards[span.shard]["name"])
         produced = 0
         try:
             loaded = future.result()
             if loaded.rows is not None:
-                produced = len(loaded.plan.keys)
+                produced = len(loaded.layout.keys)
                 yield loaded.rows
             else:
-                samples = decode_samples(loaded.buffer, loaded.plan, location)
-                finish_samples(samples, self.options.position_ids, self.position_buffers, loaded.positions, location)
+                samples = decode_samples(loaded.buffer, loaded.layout, location)
                 produced = len(samples)
-                yield samples
+                yield from self.finished(samples, loaded.positions, location)
             if loaded.index.error is not None:
                 raise loaded.index.error
             if produced < span.stop - span.start:
                 raise ShardError(f"{location}: has {span.start + produced} samples, the manifest says "
-                                 f"{stage.shards[span.shard]['samples']}: replaced or damaged; rewrite it")
+                                 f"{phase.shards[span.shard]['samples']}: replaced or damaged; rewrite it")
         except ShardError as err:
             if self.options.on_error == "raise":
                 raise
@@ -327,20 +328,12 @@ class Stream:
             yield [None] * (span.stop - span.start - produced)
 
 
-def resolve_buffer(options: StreamOptions, stages: list[Stage]) -> StreamOptions:
-    """Fill in the default shuffle window: WINDOW_BYTES of the largest samples, 16 to 8192 of them."""
-    if options.buffer is not None:
-        return options
-    sample_bytes = max(sum(s["bytes"] for s in stage.shards) / max(1, stage.samples) for stage in stages)
-    return replace(options, buffer=int(min(8192, max(16, WINDOW_BYTES // max(1, sample_bytes)))))
-
-
-def shards_per_window(stages: list[Stage], options: StreamOptions) -> int:
+def shards_per_window(phases: list[Phase], options: StreamOptions) -> int:
     """How many shards one shuffle window spans at most: their buffers stay alive together (0 unshuffled)."""
     if not options.shuffle:
         return 0
-    smallest = min((shard["samples"] for stage in stages for shard in stage.shards), default=1)
-    return min(64, -(-options.buffer // max(1, smallest)) + 1)
+    smallest = min((shard["samples"] for phase in phases for shard in phase.shards), default=1)
+    return min(64, -(-options.shuffle_window // max(1, smallest)) + 1)
 
 
 def counted(samples: Iterator[PackedSample]) -> Iterator[PackedSample]:
@@ -362,56 +355,36 @@ def run_now(function, *args) -> Future:
 
 
 def stream(source: str | Path | list[str | Path], rank: int = 0, world_size: int = 1, **options: Any) -> Stream:
-    """The samples of a stage or run folder (path or URL) for `rank` of `world_size`; see StreamOptions."""
+    """The samples of a phase or run folder (path or URL) for `rank` of `world_size`; see StreamOptions."""
     return Stream(source, rank=rank, world_size=world_size, **options)
 
 
-def check_options(options: StreamOptions, place: Placement, stages: list[Stage]) -> None:
-    if not 0 <= place.rank < place.world_size:
-        raise ValueError(f"rank {place.rank} is outside world_size {place.world_size}")
-    if not 0 <= place.worker < place.num_workers:
-        raise ValueError(f"worker {place.worker} is outside num_workers {place.num_workers}")
-    if options.buffer < 1:
-        raise ValueError(f"buffer {options.buffer}: the shuffle window holds at least 1 sample")
-    if options.on_error not in ON_ERROR:
-        raise ValueError(f"on_error {options.on_error!r}; allowed: {', '.join(ON_ERROR)}")
-    if options.batch_size is not None and options.batch_size < 1:
-        raise ValueError(f"batch_size {options.batch_size}: a batch holds at least 1 sample (None: no batches)")
-    if isinstance(options.fields, str):
-        raise ValueError(f"fields={options.fields!r}: give a tuple of names, e.g. fields=('tokens', 'loss_mask')")
-    if options.verify and (unsigned := [s.name for s in stages if any("sha256" not in x for x in s.shards)]):
-        raise ValueError(f"verify=True, but the manifest of stage(s) {', '.join(unsigned)} gives no sha256 for some "
-                         "shards (written by another tool?): rewrite them with datapipe, or read with verify=False")
-    if options.fields is not None and options.position_ids and not {"tokens", "doc_lens"} <= set(options.fields):
-        raise ValueError(f"position_ids come from doc_lens and tokens, which fields={options.fields!r} leaves out: "
-                         "add them, or pass position_ids=False")
-
-
-def load_stages(source: str | Path | list[str | Path]) -> list[Stage]:
-    """A run folder's curriculum (run.json), one stage folder (manifest.json), or a list of stage folders."""
+def load_phases(source: str | Path | list[str | Path]) -> list[Phase]:
+    """A run folder's curriculum (run.json), one phase folder (manifest.json), or a list of phase folders."""
     if isinstance(source, (list, tuple)):
-        return [stage for location in source for stage in load_stages(location)]
+        return [phase for location in source for phase in load_phases(location)]
     location = str(source)
     run = fetch.read_text(fetch.join(location, RUN_MANIFEST))
     if run is not None:
-        return [load_stage(fetch.join(location, entry["name"]), entry.get("token_budget"))
+        return [load_phase(fetch.join(location, entry["name"]), entry.get("token_budget"))
                 for entry in run_phases(json.loads(run))]
-    return [load_stage(location, None)]
+    return [load_phase(location, None)]
 
 
-def load_stage(location: str, token_budget: int | None) -> Stage:
+def load_phase(location: str, token_budget: int | None) -> Phase:
     text = fetch.read_text(fetch.join(location, MANIFEST))
     if text is None:
-        raise FileNotFoundError(f"{location}: neither run.json (a run folder) nor manifest.json (a stage folder); "
+        raise FileNotFoundError(f"{location}: neither run.json (a run folder) nor manifest.json (a phase folder); "
                                 "a run that did not finish has neither: run it again with `datapipe run`")
     manifest = json.loads(text)
-    return Stage(phase_name(manifest, location), location, tuple(manifest["shards"]), token_budget)
+    return Phase(phase_name(manifest, location), location, tuple(manifest["shards"]), token_budget)
 
 
-def data_fingerprint(stages: list[Stage]) -> str:
+def data_fingerprint(phases: list[Phase]) -> str:
+    """The data's identity in a state_dict: phase names and budgets, shard names, sizes, sha256."""
     digest = hashlib.sha256()
-    for stage in stages:
-        digest.update(f"{stage.name}:{stage.token_budget}:".encode())
-        for shard in stage.shards:
+    for phase in phases:
+        digest.update(f"{phase.name}:{phase.token_budget}:".encode())
+        for shard in phase.shards:
             digest.update(f"{shard['name']}:{shard['samples']}:{shard.get('sha256', '')};".encode())
     return digest.hexdigest()[:16]

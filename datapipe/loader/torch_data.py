@@ -30,8 +30,9 @@ except ImportError as err:  # pragma: no cover - depends on the install
                       "(or pip install torch==2.13.0 for the CPU build)") from err
 
 from datapipe.loader.batches import collate
+from datapipe.loader.positions import positions_of
 from datapipe.loader.stream import Stream
-from datapipe.shardformat import int32_range
+from datapipe.shardformat import derive_position_ids
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,9 @@ def packed_batch(batch: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, np.ndarray):
             out[name] = torch.from_numpy(value.astype(np.int64) if value.dtype == np.uint32 else value)
     seq_len = batch["tokens"].shape[1]
-    lengths = [documents_and_padding(lens, seq_len) for lens in batch["doc_lens"]]
     if "position_ids" not in out:  # a loader with position_ids=False: int32, as the loader's own
-        positions = np.concatenate([int32_range(n) for row in lengths for n in row])
-        out["position_ids"] = torch.from_numpy(positions.reshape(len(lengths), -1))
+        out["position_ids"] = torch.from_numpy(row_positions(batch["doc_lens"], seq_len))
+    lengths = [documents_and_padding(lens, seq_len) for lens in batch["doc_lens"]]
     flat = np.concatenate([[0], np.cumsum([n for row in lengths for n in row])])
     out["cu_seqlens"] = torch.from_numpy(flat.astype(np.int32))
     return out
@@ -119,11 +119,19 @@ def packed_batch(batch: dict[str, Any]) -> dict[str, Any]:
 def check_packable(batch: dict[str, Any]) -> None:
     if not isinstance(batch.get("tokens"), np.ndarray) or batch["tokens"].ndim != 2:
         raise ValueError("packed_batch needs samples of one length (tokens stacked into [B, seq_len]); these differ "
-                         "(two curriculum stages in one DataLoader batch?): use StreamDataset(..., batch_size=B) "
-                         "under DataLoader(batch_size=None), whose batches never mix stages")
+                         "(two curriculum phases in one DataLoader batch?): use StreamDataset(..., batch_size=B) "
+                         "under DataLoader(batch_size=None), whose batches never mix phases")
     if "doc_lens" not in batch:
         raise ValueError("packed_batch needs doc_lens for position_ids and cu_seqlens: add 'doc_lens' to the "
                          "loader's fields=")
+
+
+def row_positions(doc_lens: list, seq_len: int) -> np.ndarray:
+    """The rows' position ids as the loader derives a span's (positions_of); rows that do not tile
+    (a row without pieces) one at a time."""
+    lens = [np.asarray(row) for row in doc_lens]
+    positions = positions_of(np.concatenate(lens), np.array([len(row) for row in lens]), seq_len)
+    return np.stack([derive_position_ids(row, seq_len) for row in lens]) if positions is None else positions
 
 
 def documents_and_padding(doc_lens: np.ndarray, seq_len: int) -> list[int]:
