@@ -117,6 +117,8 @@ def test_a_run_killed_at_every_point_resumes_to_byte_identical_shards(reference,
         kill_when(process, lambda point=point: POINTS[point](out))
         assert not (out / "run.json").exists()  # a killed run never looks finished
         assert attempt == 0 or "resuming" in process.log.read_text()  # it said what it kept
+        if point == "reading":
+            assert_changed_inputs_are_refused(recipe, out)
     code, err = finish(datapipe_run(recipe, "--out", out))
     assert code == 0, err[-3000:]
     assert "resuming" in err
@@ -154,9 +156,13 @@ def test_another_recipe_or_seed_is_refused_and_restart_replaces_only_when_done(r
     assert not Path(f"{out}.restart").exists()
 
 
-def test_inputs_that_changed_under_an_unfinished_run_are_refused(tmp_path, tiny_tokenizer):
-    recipe, out = recipe_file(tmp_path, tiny_tokenizer), tmp_path / "out"
-    kill_when(datapipe_run(recipe, "--out", out), lambda: POINTS["reading"](out))
-    write_jsonl(tmp_path / "data" / "part-00a.jsonl", [{"id": "new", "text": "a file added meanwhile"}])
+def assert_changed_inputs_are_refused(recipe: Path, out: Path) -> None:
+    """A file added under an unfinished run: the rerun is refused, before it touches the folder."""
+    added = recipe.parent / "data" / "part-00a.jsonl"
+    write_jsonl(added, [{"id": "new", "text": "a file added meanwhile"}])
+    driver_files = [out / "recipe.json", out / "_work" / "plan.json"]  # only the driver writes these
+    before = [path.stat().st_mtime_ns for path in driver_files]
     code, err = finish(datapipe_run(recipe, "--out", out))
     assert code == 2 and "not those the unfinished run began with" in err
+    assert [path.stat().st_mtime_ns for path in driver_files] == before
+    added.unlink()

@@ -110,9 +110,13 @@ def test_remote_manifest_rows_stay_in_their_bucket():
 
 
 @pytest.mark.slow
-def test_a_recipe_whose_sources_are_on_s3_runs_end_to_end(s3, tmp_path, tiny_tokenizer):
+def test_a_recipe_on_s3_runs_end_to_end_and_its_s3_output_equals_the_local_one(s3, tmp_path, tiny_tokenizer):
     """`datapipe run` as a user starts it, a fresh process whose Ray workers read S3 with the credentials
-    and endpoint of its environment."""
+    and endpoint of its environment; once with a local --out, once with --out s3://...: there the
+    workers write pieces, shards and markers, the shards are the local run's byte for byte, and
+    datapipe.stream reads them from the bucket."""
+    import datapipe
+
     fs = filesystem(s3)
     rows = [{"id": f"d{i}", "text": " ".join(WORDS[i % 5:]) * 2} for i in range(12)]
     fs.pipe_file(f"{s3}/web/part-0.jsonl", "".join(json.dumps(row) + "\n" for row in rows[:6]).encode())
@@ -120,39 +124,25 @@ def test_a_recipe_whose_sources_are_on_s3_runs_end_to_end(s3, tmp_path, tiny_tok
     fs.pipe_file(f"{s3}/pages/a.html", b"<html><body><p>a page on object storage</p></body></html>")
     recipe = tiny_recipe(tmp_path, tiny_tokenizer, [
         {"name": "web", "type": "jsonl", "paths": [f"{s3}/web/*.jsonl*", f"{s3}/web/gone.jsonl"], "id_field": "id"},
-        {"name": "pages", "type": "files", "paths": [f"{s3}/pages/"]}])
+        {"name": "pages", "type": "files", "paths": [f"{s3}/pages/"]},
+        {"name": "code", "type": "python_programs", "count": 20}])
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "datapipe.cli", "run", str(recipe), "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    for where in (str(out), f"{s3}/run"):
+        done = subprocess.run([sys.executable, "-m", "datapipe.cli", "run", str(recipe), "--out", where], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["records_in"] == {"web": 13, "pages": 1} and stats["rejected"] == {"read.missing_file": 1}
-    assert stats["written"] == {"web": 12, "pages": 1} and stats["balanced"]
+    assert stats["records_in"] == {"web": 13, "pages": 1, "code": 20} and stats["rejected"] == {"read.missing_file": 1}
+    assert stats["written"] == {"web": 12, "pages": 1, "code": 20} and stats["balanced"]
     [reject] = list(read_rejects(out))
     assert reject["source_id"] == f"{s3}/web/gone.jsonl"
+    local = sorted(p.name for p in (out / "main").iterdir())
+    assert sorted(name.rsplit("/", 1)[-1] for name in fs.ls(f"{s3}/run/main")) == local
+    for name in local:
+        assert fs.cat_file(f"{s3}/run/main/{name}") == (out / "main" / name).read_bytes(), name
+    assert not fs.exists(f"{s3}/run/_work") and fs.exists(f"{s3}/run/run.json")
+    remote = [sample["key"] for sample in datapipe.stream(f"{s3}/run", shuffle=True, seed=1)]
+    assert remote == [sample["key"] for sample in datapipe.stream(out, shuffle=True, seed=1)]
     trained = tmp_path / "tok"  # `datapipe tokenizer train` reads the same recipe's sources, in this process
     assert cli.main(["tokenizer", "train", str(recipe), "--vocab-size", "300", "--out", str(trained)]) == 0
     assert (trained / "tokenizer.json").exists()
-
-
-@pytest.mark.slow
-def test_a_run_written_to_s3_equals_the_local_run_and_streams_back(s3, tmp_path, tiny_tokenizer):
-    """--out s3://...: the workers write pieces, shards and markers there; the shards are the local
-    run's, byte for byte, and datapipe.stream reads them from the bucket."""
-    import datapipe
-
-    write_jsonl(tmp_path / "web.jsonl", [{"id": f"d{i}", "text": " ".join(WORDS[i % 7:]) * 3} for i in range(40)])
-    recipe = tiny_recipe(tmp_path, tiny_tokenizer, [{"name": "web", "type": "jsonl", "paths": ["web.jsonl"]},
-                                                    {"name": "code", "type": "python_programs", "count": 20}])
-    for out in (str(tmp_path / "out"), f"{s3}/run"):
-        done = subprocess.run([sys.executable, "-m", "datapipe.cli", "run", str(recipe), "--out", out], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-    fs = filesystem(s3)
-    local = sorted(p.name for p in (tmp_path / "out" / "main").iterdir())
-    assert sorted(name.rsplit("/", 1)[-1] for name in fs.ls(f"{s3}/run/main")) == local
-    for name in local:
-        assert fs.cat_file(f"{s3}/run/main/{name}") == (tmp_path / "out" / "main" / name).read_bytes(), name
-    assert not fs.exists(f"{s3}/run/_work") and fs.exists(f"{s3}/run/run.json")
-    remote = [sample["key"] for sample in datapipe.stream(f"{s3}/run", shuffle=True, seed=1)]
-    assert remote == [sample["key"] for sample in datapipe.stream(tmp_path / "out", shuffle=True, seed=1)]

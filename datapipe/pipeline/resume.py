@@ -38,22 +38,29 @@ class RunFolder:
     out: Store  # where the finished run lives
     target: Store  # where this attempt writes: `out`, or a folder beside it when restarting over a finished run
     finished: bool  # `out` holds this recipe's finished run: nothing to do
+    restart: bool = False  # what an earlier attempt left in `target` is dropped when this one begins
+    recipe: bytes = b""  # the validated recipe, written to recipe.json when the run begins
 
     @property
     def work(self) -> Store:
         return self.target.child(WORK)
 
-    def check_plan(self, plan: list[dict[str, Any]]) -> bool:
-        """The partitions as listed now must be those the run began with (their numbers name its files);
-        True when an earlier attempt began this run (its work is kept and reused)."""
-        stored = self.work.read_text(PLAN)
-        if stored is None:
-            self.work.write_bytes(PLAN, json.dumps(plan).encode())
-            return False
-        if json.loads(stored) != plan:
+    def resumes(self, plan: list[dict[str, Any]]) -> bool:
+        """True when an earlier attempt began this run (its work is kept and reused); reads only. The
+        partitions as listed now must be those it began with (their numbers name its files)."""
+        stored = None if self.restart else self.work.read_text(PLAN)
+        if stored is not None and json.loads(stored) != plan:
             raise RecipeError(f"{self.out.location}: the inputs are not those the unfinished run began with (files "
                               "added, removed or listed in another order); rerun with --restart to start over")
-        return True
+        return stored is not None
+
+    def begin(self, plan: list[dict[str, Any]]) -> None:
+        """The attempt's first write, once every check has passed."""
+        if self.restart:
+            self.target.remove("")
+        self.target.write_bytes(RECIPE, self.recipe)
+        if self.work.read_text(PLAN) is None:
+            self.work.write_bytes(PLAN, json.dumps(plan).encode())
 
     def finish(self) -> None:
         """The run is committed: drop its work files; a restart's output replaces the old run."""
@@ -63,7 +70,8 @@ class RunFolder:
 
 
 def open_run(out: Store, recipe: Recipe, restart: bool = False) -> RunFolder:
-    """The run folder for this recipe, or a RecipeError that says why it cannot be used."""
+    """The run folder for this recipe, or a RecipeError that says why it cannot be used; writes nothing
+    (RunFolder.begin does, once every check has passed)."""
     stored = out.read_text(RECIPE)
     if stored is None and out.list():
         raise RecipeError(f"{out.location} is not empty and was not written by datapipe; pass a new or empty --out")
@@ -73,15 +81,8 @@ def open_run(out: Store, recipe: Recipe, restart: bool = False) -> RunFolder:
                           "rerun with --restart to replace it (the finished run stays until the new one is "
                           "committed), or pass another --out")
     finished = stored is not None and out.exists(RUN_MANIFEST)
-    target = out
-    if restart and finished:
-        target = Store(f"{out.location}.restart")
-        target.remove("")
-    elif restart:
-        out.remove("")  # our own unfinished run: nothing finished to keep
-    if not (finished and not restart):
-        target.write_bytes(RECIPE, recipe.model_dump_json(indent=2).encode())
-    return RunFolder(out, target, finished and not restart)
+    target = Store(f"{out.location}.restart") if restart and finished else out
+    return RunFolder(out, target, finished and not restart, restart, recipe.model_dump_json(indent=2).encode())
 
 
 def recipe_dump(recipe: Recipe) -> dict[str, Any]:

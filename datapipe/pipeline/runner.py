@@ -78,10 +78,12 @@ def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: s
         console.print(f"{run.out.location} holds this recipe's finished run; nothing to do (--restart runs it again)")
         return json.loads(run.out.read_text("stats.json"))
     plan = plan_partitions(recipe, inputs)
-    if run.check_plan(plan):
-        console.print(f"resuming {run.target.location}: what an earlier attempt committed is kept", highlight=False)
+    resuming = run.resumes(plan)
     connect(recipe.ray, ray_address)
     check_actor_cpus(recipe)
+    run.begin(plan)  # the first write to the output: every check has passed
+    if resuming:
+        console.print(f"resuming {run.target.location}: what an earlier attempt committed is kept", highlight=False)
     started = time.monotonic()
     partitions = commit_documents(recipe, plan, run, console)
     try:
