@@ -26,7 +26,7 @@ from datapipe.storage import (
     parent_of,
     probe,
 )
-from tests.conftest import WORDS, tiny_recipe, write_jsonl
+from tests.conftest import WORDS, tiny_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 
