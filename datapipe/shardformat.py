@@ -2,7 +2,8 @@
 
 Neither side imports the other; both import this module.
 
-A phase folder holds WebDataset tar shards `shard-000000.tar`, ... and `manifest.json`
+A phase folder holds WebDataset tar shards (`shard-00000-000000.tar`, ...: a run's pack group,
+then the shard's number; a ShardWriter on its own writes `shard-000000.tar`) and `manifest.json`
 (FORMAT: every shard's name, samples, tokens with padding excluded, bytes and sha256, plus
 the recipe, seed, phase name and seq_len), written last: a folder without a manifest is
 unfinished. A run folder holds one phase folder per curriculum phase and, written last,
