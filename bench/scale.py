@@ -5,19 +5,24 @@ shared web documents when ../shared/data/web_text is there, else from generated 
 recipe as `datapipe run` runs it: normalize, tokenize (the bundled demo tokenizer), one 8K phase.
 Every run is a fresh `datapipe run` process, as a user starts it; measured:
 
-  driver heap      the driver's peak Python heap (PYTHONTRACEMALLOC=1; stats.json `driver`), and its
-                   peak RSS: target flat, within +20% from 20 to 400 MB
+  driver heap      the driver's peak Python heap (PYTHONTRACEMALLOC=1 in a second run of each size:
+                   tracing slows the driver 2-3x, so the timed run is not traced; stats.json
+                   `driver`), and its peak RSS: target flat, within +20% from 20 to 400 MB
   driver CPU share the driver's CPU seconds over those of its whole process tree (Ray's GCS, raylet
-                   and workers: sampled every 0.2 s): target under 5% at 400 MB
+                   and workers: sampled every 0.2 s), untraced: target under 5% at 400 MB
   s/MB             wall time per MB of input
   rerun            a run SIGKILLed at 90% of the fresh run's wall time, then the same command again:
                    the rerun's wall time over the fresh run's (target under 20%; largest size)
   2 CPUs vs 1      a two-raylet Ray cluster on this machine (`ray start --head`, `ray start
-                   --address`, one CPU each) against its head alone, with --ray-address
-                   (target at least 1.7x; 100 MB by default)
+                   --address`), each node's processes pinned to one core of its own (taskset)
+                   with 2 logical CPUs (reading and the tokenize actor share the core), the driver
+                   on the head's core, against its head alone, with --ray-address (target at
+                   least 1.7x; 100 MB by default)
   vs plain         the same work in one plain Python process (our own reader, normalize, tokenize,
-                   best-fit packing and shard writer, no Ray) against `datapipe run` with
-                   ray.num_cpus: 1 (target at most 1.0x; 100 MB by default)
+                   best-fit packing and shard writer, no Ray) against `datapipe run`, both pinned
+                   to one core (taskset; the run's local Ray with 2 logical CPUs): the plain
+                   script's wall time over ours (target at most 1.0x, so Ray's overhead is paid
+                   back; 100 MB by default)
 The machine is shared and noisy: read ratios; `uptime` is printed beside the figures.
 """
 from __future__ import annotations
@@ -114,11 +119,14 @@ class TreeCPU:
 
 
 def datapipe_run(recipe: Path, out: Path, env: dict[str, str] | None = None, address: str | None = None,
-                 kill_after: float | None = None) -> dict:
-    """One `datapipe run` process: its wall time, the CPU of its process tree, its stats.json."""
-    command = [sys.executable, "-m", "datapipe.cli", "run", str(recipe), "--out", str(out)]
+                 kill_after: float | None = None, trace: bool = False, core: int | None = None) -> dict:
+    """One `datapipe run` process: its wall time, the CPU of its process tree, its stats.json; `trace`:
+    the driver traces its heap; `core`: the run (and the Ray it starts) pinned to that core."""
+    command = [*pinned(core), sys.executable, "-m", "datapipe.cli", "run", str(recipe), "--out", str(out)]
     command += ["--ray-address", address] if address else []
-    environment = {**os.environ, "PYTHONTRACEMALLOC": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    if trace:
+        environment["PYTHONTRACEMALLOC"] = "1"  # the driver only: the runner keeps it from the Ray it starts
     started = time.monotonic()
     process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     cpu = TreeCPU(process.pid)
@@ -164,9 +172,13 @@ def plain(corpus: Path, out: Path) -> None:
             writer.write(sample)
 
 
+def pinned(core: int | None) -> list[str]:
+    return ["taskset", "-c", str(core)] if core is not None else []
+
+
 def plain_run(corpus: Path, out: Path) -> float:
     started = time.monotonic()
-    subprocess.run([sys.executable, __file__, "--plain", str(corpus), str(out)], check=True,
+    subprocess.run([*pinned(0), sys.executable, __file__, "--plain", str(corpus), str(out)], check=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     return time.monotonic() - started
 
@@ -182,11 +194,11 @@ def two_raylets():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
-    start = [RAY, "start", "--head", f"--port={port}", f"--temp-dir={folders[0]}", "--include-dashboard=false", *common]
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=2", "--disable-usage-stats"]
+    start = [*pinned(0), RAY, "start", "--head", f"--port={port}", f"--temp-dir={folders[0]}", "--include-dashboard=false", *common]
 
     def add_second_node() -> None:
-        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", f"--temp-dir={folders[1]}", *common],
+        subprocess.run([*pinned(1), RAY, "start", f"--address=127.0.0.1:{port}", f"--temp-dir={folders[1]}", *common],
                        env=env, check=True, capture_output=True)
         time.sleep(3)
 
@@ -228,8 +240,10 @@ def measure(work: Path, sizes: list[int], compare_mb: int) -> dict:
         corpus = make_corpus(work / f"corpus-{size}", size)
         result = datapipe_run(write_recipe(work, corpus), work / f"out-{size}")
         driver = result["stats"]["driver"]
+        traced = datapipe_run(write_recipe(work, corpus), work / f"out-{size}-traced", trace=True)
+        shutil.rmtree(work / f"out-{size}-traced")
         figures["sizes"][size] = {"wall_s": result["wall_s"], "s_per_mb": result["wall_s"] / size,
-                                  "heap_mb": driver.get("heap_peak_mb", 0.0), "rss_mb": driver["max_rss_mb"],
+                                  "heap_mb": traced["stats"]["driver"]["heap_peak_mb"], "rss_mb": driver["max_rss_mb"],
                                   "driver_cpu_share": driver["cpu_s"] / max(result["tree_cpu_s"], 1e-9),
                                   "fill": result["stats"]["phases"]["p8k"]["fill"],
                                   "groups": result["stats"]["phases"]["p8k"]["groups"]}
@@ -243,11 +257,11 @@ def measure(work: Path, sizes: list[int], compare_mb: int) -> dict:
     print(f"rerun after a kill at 90% of {fresh:.1f} s: {rerun['wall_s']:.1f} s (load {load()})", flush=True)
     corpus = make_corpus(work / f"corpus-{compare_mb}", compare_mb)
     figures["plain_s"] = plain_run(corpus, work / "out-plain")
-    figures["one_cpu_s"] = datapipe_run(write_recipe(work, corpus, num_cpus=1), work / "out-1cpu")["wall_s"]
+    figures["one_cpu_s"] = datapipe_run(write_recipe(work, corpus, num_cpus=2), work / "out-1cpu", core=0)["wall_s"]
     with two_raylets() as (address, env, add_second_node):
-        figures["cluster_1_s"] = datapipe_run(write_recipe(work, corpus), work / "out-c1", env, address)["wall_s"]
+        figures["cluster_1_s"] = datapipe_run(write_recipe(work, corpus), work / "out-c1", env, address, core=0)["wall_s"]
         add_second_node()
-        figures["cluster_2_s"] = datapipe_run(write_recipe(work, corpus), work / "out-c2", env, address)["wall_s"]
+        figures["cluster_2_s"] = datapipe_run(write_recipe(work, corpus), work / "out-c2", env, address, core=0)["wall_s"]
     print(f"{compare_mb} MB: plain {figures['plain_s']:.1f} s, datapipe on 1 CPU {figures['one_cpu_s']:.1f} s, "
           f"cluster 1 node {figures['cluster_1_s']:.1f} s, 2 nodes {figures['cluster_2_s']:.1f} s (load {load()})")
     return figures

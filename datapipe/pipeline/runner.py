@@ -248,6 +248,9 @@ def connect(cfg: RayConfig, address: str | None) -> None:
             except (ConnectionError, RuntimeError) as err:
                 raise RunError(cluster_hint(address, err)) from None
         else:
+            # Ray's processes inherit this one's environment: tracing the driver's heap (bench/scale.py) must
+            # not make every worker trace its allocations too (2-5x slower work).
+            os.environ.pop("PYTHONTRACEMALLOC", None)
             watchdog = reaper.watch()  # before ray.init: a driver killed while Ray starts leaves nothing either
             started = ray.init(num_cpus=cfg.num_cpus, object_store_memory=cfg.object_store_mb << 20, **quiet)
             reaper.tell_session(watchdog, started.address_info["session_dir"])
