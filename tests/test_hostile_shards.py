@@ -1,6 +1,5 @@
 """Damaged and hostile shards, index files and manifests: a ShardError naming the shard (or, with
 on_error="skip", the bad samples left out), never a crash, a hang or a wrong sample."""
-import hashlib
 import io
 import json
 import shutil
@@ -13,7 +12,7 @@ from datapipe.loader.shardindex import ShardError
 from datapipe.loader.stream import stream
 from datapipe.packing.writer import npy_bytes
 from datapipe.shardformat import read_manifest
-from tests.test_shards import index_columns, write_run
+from tests.test_shards import foreign_phase, index_columns, write_run
 from tests.test_stream import damage, rewrite_indexes
 
 TOKENS = np.arange(16, dtype=np.uint32)
@@ -36,16 +35,6 @@ def sample_members(i, tokens=None, header=None, doc_lens=None):
     return [(f"s{i:03d}.tokens.npy", npy_bytes(TOKENS + i) if tokens is None else tokens),
             (f"s{i:03d}.doc_lens.npy", npy_bytes(np.array([16], np.int32)) if doc_lens is None else doc_lens),
             (f"s{i:03d}.json", header if isinstance(header, bytes) else json.dumps(header).encode())]
-
-
-def write_stage(folder, data, samples):
-    """One shard as another tool writes it: the tar and a manifest, no index file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "shard-000000.tar").write_bytes(data)
-    entry = {"name": "shard-000000.tar", "samples": samples, "tokens": 16 * samples, "bytes": len(data),
-             "sha256": hashlib.sha256(data).hexdigest()}
-    (folder / "manifest.json").write_text(json.dumps({"stage": "main", "shards": [entry]}))
-    return folder
 
 
 def npy_with_header(fields, data, version=1):
@@ -84,32 +73,32 @@ HOSTILE_ARRAYS = {
 @pytest.mark.parametrize("case", HOSTILE_ARRAYS)
 def test_a_hostile_npy_header_is_a_bad_sample(tmp_path, case):
     members = [m for i in range(3) for m in sample_members(i, HOSTILE_ARRAYS[case] if i == 1 else None)]
-    assert_refused(write_stage(tmp_path, tar_bytes(members), 3), r"s001\.tokens\.npy does not decode", ["s000", "s002"])
+    assert_refused(foreign_phase(tmp_path, tar_bytes(members), 3), r"s001\.tokens\.npy does not decode", ["s000", "s002"])
 
 
 def test_hostile_doc_lens_are_a_bad_sample(tmp_path):
     lens = npy_with_header(header_of("<i4", "(-1,)"), np.array([8, 8], np.int32).tobytes())
     members = [m for i in range(3) for m in sample_members(i, doc_lens=lens if i == 1 else None)]
-    assert_refused(write_stage(tmp_path, tar_bytes(members), 3), r"s001\.doc_lens\.npy does not decode",
+    assert_refused(foreign_phase(tmp_path, tar_bytes(members), 3), r"s001\.doc_lens\.npy does not decode",
                    ["s000", "s002"])
 
 
 @pytest.mark.parametrize("header", [b'[["key", "s000"]]', b'{"key": "s000", "seq_len": 16}', b'{"tokens": [7]}'])
 def test_a_json_header_that_is_no_object_or_shadows_a_field_is_a_bad_sample(tmp_path, header):
     members = [m for i in range(3) for m in sample_members(i, header=header if i == 1 else None)]
-    assert_refused(write_stage(tmp_path, tar_bytes(members), 3), r"s001\.json does not decode", ["s000", "s002"])
+    assert_refused(foreign_phase(tmp_path, tar_bytes(members), 3), r"s001\.json does not decode", ["s000", "s002"])
 
 
 def test_two_damaged_json_headers_do_not_join_into_two_good_ones(tmp_path):
     halves = [b'{"seq_len": 16, "note": "', b'", "x": 1}, {"seq_len": 16, "note": "b", "x": 2}']  # one object each
     headers = [{"seq_len": 16, "note": "a", "x": 0}, *halves, {"seq_len": 16, "note": "c", "x": 3}]  # when joined
     members = [m for i in range(4) for m in sample_members(i, header=headers[i])]
-    assert_refused(write_stage(tmp_path, tar_bytes(members), 4), r"s001\.json does not decode", ["s000", "s003"])
+    assert_refused(foreign_phase(tmp_path, tar_bytes(members), 4), r"s001\.json does not decode", ["s000", "s003"])
 
 
 def test_a_non_integer_seq_len_is_a_bad_sample(tmp_path):
     members = [m for i in range(3) for m in sample_members(i, header={"seq_len": "16"} if i == 1 else None)]
-    assert_refused(write_stage(tmp_path, tar_bytes(members), 3), r"sample s001: doc_lens \[16\] are not pieces "
+    assert_refused(foreign_phase(tmp_path, tar_bytes(members), 3), r"sample s001: doc_lens \[16\] are not pieces "
                    r"of seq_len '16'", ["s000", "s002"])
 
 
@@ -117,7 +106,7 @@ def test_a_negative_member_size_ends_the_walk_instead_of_looping(tmp_path):
     data = bytearray(tar_bytes([m for i in range(2) for m in sample_members(i)]))
     field = b"-0000001000"  # int(..., 8) takes the sign: the next header would be this one again
     data[512 * 2 + 124 : 512 * 2 + 135] = field  # the second member's header
-    write_stage(tmp_path, bytes(data), 2)
+    foreign_phase(tmp_path, bytes(data), 2)
     with pytest.raises(ShardError, match=r"damaged size or checksum field in the tar header at byte 1024"):
         list(stream(tmp_path))
 
@@ -128,7 +117,7 @@ def test_a_header_that_fails_its_checksum_ends_the_walk(tmp_path, at, byte):
     header = 512 * 8  # s001.doc_lens.npy's: s000's three members and s001's tokens (a header and a block each) before
     assert data[header : header + 17] == b"s001.doc_lens.npy"
     data[header + at] = byte[0]
-    write_stage(tmp_path, bytes(data), 3)
+    foreign_phase(tmp_path, bytes(data), 3)
     with pytest.raises(ShardError, match=rf"the tar header at byte {header} fails its checksum"):
         list(stream(tmp_path))
     loader = stream(tmp_path, on_error="skip")  # s001, which the damage cut into, goes with the rest
@@ -137,7 +126,7 @@ def test_a_header_that_fails_its_checksum_ends_the_walk(tmp_path, at, byte):
 
 def test_a_sample_with_a_member_twice_ends_the_walk(tmp_path):
     members = sample_members(0) + [("s000.tokens.npy", npy_bytes(TOKENS + 9))] + sample_members(1)[1:]
-    write_stage(tmp_path, tar_bytes(members), 2)  # s001 has no tokens: the second s000 ones must not become its
+    foreign_phase(tmp_path, tar_bytes(members), 2)  # s001 has no tokens: the second s000 ones must not become its
     with pytest.raises(ShardError, match=r"sample s000 has two tokens\.npy members"):
         list(stream(tmp_path))
 
@@ -147,7 +136,7 @@ def test_a_long_name_belongs_to_its_own_member_only(tmp_path, form):
     folder = tarfile.TarInfo("d" * 120)  # a long-named folder: its name comes in an extra header
     folder.type = tarfile.DIRTYPE
     members = sample_members(0) + [(folder, None)] + sample_members(1)
-    write_stage(tmp_path, tar_bytes(members, form), 2)
+    foreign_phase(tmp_path, tar_bytes(members, form), 2)
     back = list(stream(tmp_path))
     assert [(s["key"], s["i"], int(s["tokens"][0])) for s in back] == [("s000", 0, 0), ("s001", 1, 1)]
 
@@ -228,7 +217,7 @@ def test_verify_without_sha256_and_no_phase_say_what_to_do(our_stage):
 
 def test_a_json_header_repeating_its_own_key_reads(tmp_path):
     members = [m for i in range(3) for m in sample_members(i, header={"key": f"s{i:03d}", "seq_len": 16, "i": i})]
-    write_stage(tmp_path, tar_bytes(members), 3)  # as WebDataset writers (img2dataset...) write it
+    foreign_phase(tmp_path, tar_bytes(members), 3)  # as WebDataset writers (img2dataset...) write it
     assert [(s["key"], s["i"]) for s in stream(tmp_path)] == [("s000", 0), ("s001", 1), ("s002", 2)]
     assert [b["key"] for b in stream(tmp_path, batch_size=3)] == [["s000", "s001", "s002"]]
 
@@ -237,7 +226,7 @@ def test_a_stage_without_sha256_reads_through_a_cache(tmp_path):
     from tests.test_stream import serve
 
     members = [m for i in range(3) for m in sample_members(i)]
-    folder = write_stage(tmp_path / "site" / "main", tar_bytes(members), 3)
+    folder = foreign_phase(tmp_path / "site" / "main", tar_bytes(members), 3)
     manifest = read_manifest(folder)
     del manifest["shards"][0]["sha256"]
     (folder / "manifest.json").write_text(json.dumps(manifest))
