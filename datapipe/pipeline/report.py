@@ -20,6 +20,8 @@ from rich.table import Table
 
 from datapipe.pipeline.stats import RunStats
 
+REFRESH_PER_S = 2  # rich's default 10 cost the driver 3 s of CPU over a 100-second run (py-spy)
+
 
 def make_progress(console: Console) -> Progress:
     """An open-ended bar: records and tokens so far, and their rates."""
@@ -31,13 +33,15 @@ def make_progress(console: Console) -> Progress:
         TimeElapsedColumn(),
         console=console,
         transient=False,
+        refresh_per_second=REFRESH_PER_S,
     )
 
 
 def task_progress(console: Console) -> Progress:
     """A bar over a known number of tasks (pack groups, accounts): done of all, elapsed, remaining."""
     return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+                    refresh_per_second=REFRESH_PER_S)
 
 
 def update_progress(progress: Progress, task: Any, stats: RunStats) -> None:
