@@ -146,13 +146,12 @@ def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder, con
     import ray
 
     started, names = time.monotonic(), [source.name for source in recipe.sources]
-    corpus_tokens = sum(part.stats.get("tokens", 0) for part in partitions)
+    tokens = [part.stats.get("tokens", 0) for part in partitions]  # each partition's live tokens
     jobs, results, targets = [], {}, {}
     for phase in recipe.phases:
         supplies = [np.asarray(part.supply.get(phase.name, np.zeros(len(names))), dtype=float) for part in partitions]
         targets[phase.name] = phase_targets(phase, names, np.sum(supplies, axis=0) if supplies else np.zeros(len(names)),
-                                            corpus_tokens)
-        tokens = [part.stats.get("tokens", 0) for part in partitions]
+                                            sum(tokens))
         for group, members in enumerate(plan_groups(phase, supplies, tokens, targets[phase.name])):
             job = group_job(recipe, phase, group, [partitions[i] for i in members], targets[phase.name])
             marker = run.work.read_text(job.marker)
