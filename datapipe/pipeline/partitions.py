@@ -152,7 +152,10 @@ class PartitionLog:
         part.pieces += [row["piece"]] if row["piece"] else []
         part.rejects += [row["rejects"]] if row["rejects"] else []
         part.records += row["records"]
-        merge_counters(part.stats, json.loads(row["stats"]))
+        stats = RunStats("")  # counters add by RunStats' own rule
+        stats.add(part.stats)
+        stats.add(json.loads(row["stats"]))
+        part.stats = stats.counters()
         for phase, supply in json.loads(row["supply"]).items():
             part.supply[phase] = (np.add(part.supply[phase], supply) if phase in part.supply else supply)
         if row["end"] < 0:
@@ -167,15 +170,6 @@ class PartitionLog:
         self.work.write_bytes(marker_name(part.index), json.dumps(part.__dict__).encode())
         self.committed.append(part)
         return part
-
-
-def merge_counters(total: dict[str, Any], counters: dict[str, Any]) -> None:
-    """RunStats counters added into `total` (nested dicts of numbers)."""
-    for key, value in counters.items():
-        if isinstance(value, dict):
-            merge_counters(total.setdefault(key, {}), value)
-        else:
-            total[key] = total.get(key, 0) + value
 
 
 def account_partition(partition: Partition, phases: list[str], work: Store, out: Store) -> dict[str, Any]:
