@@ -33,10 +33,12 @@ def problems_of(path: Path) -> list[str]:
 
 def test_a_runnable_recipe_passes_and_a_missing_file_beside_others_stays_a_reject(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
-    check_recipe(load_recipe(write_recipe(tmp_path, [
+    inputs = check_recipe(load_recipe(write_recipe(tmp_path, [
         {"name": "web", "type": "jsonl", "paths": ["a.jsonl", "gone.jsonl"]},  # read.missing_file at read time
         {"name": "code", "type": "python_programs", "count": 3}])))
-    check_recipe(load_recipe(ROOT / "recipes" / "demo.yaml"))
+    assert [Path(item["path"]).name for item in inputs["web"]] == ["a.jsonl", "gone.jsonl"]  # the run reads both
+    assert [(item["start"], item["stop"]) for item in inputs["code"]] == [(0, 3)]
+    assert set(check_recipe(load_recipe(ROOT / "recipes" / "demo.yaml"))) == {"pydoc", "programs", "notes"}
 
 
 def test_paths_that_match_nothing_name_the_pattern_and_the_folder(tmp_path):
