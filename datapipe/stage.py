@@ -34,6 +34,10 @@ class StageConfig(Strict):
 
     path_fields: ClassVar[tuple[str, ...]] = ()  # fields holding file paths, resolved against the recipe's folder
     actor: ClassVar[bool] = False  # True: runs in a Ray actor pool that keeps a warm resource
+    # An actor stage whose warm resource is only memory of its process (a tokenizer), with nothing to shut
+    # down (a browser) or to share (a model server): it may also run inside a partition task
+    # (datapipe.pipeline.partition_task). Stages that are not actors always may.
+    in_partition_task: ClassVar[bool] = False
 
     stage: str  # the registry name
     batch_size: int = Field(256, ge=1)  # records per Ray Data batch: big enough to amortize per-batch overhead

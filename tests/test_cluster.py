@@ -3,8 +3,9 @@
 --temp-dir (Ray allows one per node), 1 CPU each, token authentication on.
 
 A recipe whose tokenize stage asks for `resources: {node2: 1}` runs its tokenize actors on the
-second node and writes the same shards as the unpinned recipe on the suite's local Ray; a tokenize
-actor killed mid-run changes nothing either. Placement is read from where each actor's process
+second node (an operator a stage: a pinned stage cannot run in a partition task) and writes the same
+shards as the unpinned recipe on the suite's local Ray (partition tasks); a tokenize actor or a
+partition task killed mid-run changes nothing either. Placement is read from where each actor's process
 logs: every raylet writes its workers' logs under its own --temp-dir, and Ray opens an actor's
 log with `:actor_name:<class>`. The cluster's processes are stopped by folder (reaper.stop), not
 by `ray stop`, which stops every Ray process of the machine, other people's included.
@@ -145,6 +146,19 @@ def test_a_tokenize_actor_killed_mid_batch_changes_no_shard(cluster, reference, 
     assert shard_digests(tmp_path / "cluster") == local_digests
 
 
+def test_a_partition_task_killed_mid_run_changes_no_shard(cluster, reference, tmp_path):
+    """The unpinned recipe runs as partition tasks on both nodes; one is killed while it works: Ray runs
+    it again (the killed attempt wrote no marker), and the shards are those of the local run."""
+    pinned, local_digests = reference
+    driver = cluster_run(cluster, pinned.parent.parent / "local" / "tiny.yaml", tmp_path / "cluster")
+    worker = wait_for(lambda: next((pid for pid in reaper.processes() if title(pid).startswith("ray::run_partition")
+                                    and any(reaper.in_folder(pid, folder) for folder in (cluster.head_tmp, cluster.node_tmp))),
+                                   None), driver, pause=0.002, what="a partition task")
+    os.kill(worker, signal.SIGKILL)
+    finish(driver)
+    assert shard_digests(tmp_path / "cluster") == local_digests
+
+
 def busy_actor(node_tmp: str, driver: subprocess.Popen) -> int:
     """The pid of the tokenize actor on the node of `node_tmp`, caught working on a batch (Ray titles
     the process `ray::<class>.submit` then): its batch is in flight when it dies."""
@@ -154,13 +168,13 @@ def busy_actor(node_tmp: str, driver: subprocess.Popen) -> int:
                     pause=0.002)  # a batch takes milliseconds: look often, at one process only
 
 
-def wait_for(find, driver: subprocess.Popen, pause: float):
+def wait_for(find, driver: subprocess.Popen, pause: float, what: str = "a tokenize actor on node 2"):
     deadline = time.monotonic() + RUN_S
     while time.monotonic() < deadline and driver.poll() is None:
         if (found := find()) is not None:
             return found
         time.sleep(pause)
-    raise AssertionError(f"the run ended (exit code {driver.poll()}) before a tokenize actor on node 2 was seen busy")
+    raise AssertionError(f"the run ended (exit code {driver.poll()}) before {what} was seen busy")
 
 
 def title(pid: int) -> str:

@@ -98,6 +98,25 @@ def test_same_recipe_gives_identical_shards(finished_run, tmp_path):
     assert [s["sha256"] for s in first] == [s["sha256"] for s in again]
 
 
+def test_partition_tasks_and_an_operator_a_stage_write_the_same_bytes(finished_run, tmp_path):
+    """The default runs each partition start to finish in one task; forcing Ray Data's operator plan
+    changes no shard, no rejects file and no figure but the timings."""
+    recipe = str(finished_run.parent / "tiny.yaml")
+    assert cli.main(["run", recipe, "--out", str(tmp_path / "ops"), "--set", "ray.partition_tasks=false"]) == 0
+    tasks, ops = (json.loads((out / "stats.json").read_text()) for out in (finished_run, tmp_path / "ops"))
+    assert (tasks["execution"], ops["execution"]) == ("partition tasks", "an operator a stage")
+    for out in (finished_run, tmp_path / "ops"):
+        assert len(list((out / "main").glob("*.tar"))) > 1 and list((out / "rejects").glob("*.jsonl"))
+    shards = [json.loads((out / "main" / "manifest.json").read_text())["shards"] for out in (finished_run, tmp_path / "ops")]
+    assert [s["sha256"] for s in shards[0]] == [s["sha256"] for s in shards[1]]
+    for name in (path.relative_to(finished_run) for path in finished_run.glob("rejects/*")):
+        assert (finished_run / name).read_bytes() == (tmp_path / "ops" / name).read_bytes(), name
+    untimed = {"wall_s", "driver", "execution", "phases"}
+    assert {k: v for k, v in tasks.items() if k not in untimed} == {k: v for k, v in ops.items() if k not in untimed}
+    assert {k: v for k, v in tasks["phases"]["main"].items() if k != "wall_s"} == \
+        {k: v for k, v in ops["phases"]["main"].items() if k != "wall_s"}
+
+
 def test_inspect_and_recipes_commands(finished_run, capsys):
     assert cli.main(["inspect", str(finished_run), "--samples", "1"]) == 0
     shown = capsys.readouterr().err

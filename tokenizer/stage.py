@@ -7,8 +7,8 @@ cell + `<|media_end|>`, after resizing the image to whole cells within `max_imag
 (tokenizer/image.py); the resized PNG stays in doc["media"] so it travels with the sample.
 A document whose placeholders and images do not pair up, or whose image does not decode,
 is rejected with a reason (the details in doc["error"]); notes["tokenize"]["media"] describes
-each image's layout. Runs in a Ray actor pool (Config.actor): each worker loads
-the tokenizer once.
+each image's layout. Runs in a Ray actor pool (Config.actor), or inside a partition task
+when the whole recipe allows it: either way each worker process loads the tokenizer once.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from tokenizer.media import image_span
 
 class Config(StageConfig):
     actor: ClassVar[bool] = True
+    in_partition_task: ClassVar[bool] = True  # the tokenizer is plain memory, loaded once per worker process
     path_fields: ClassVar[tuple[str, ...]] = ("tokenizer",)
     tokenizer: str = "demo"  # a tokenizer.json path (relative to the recipe) or a bundled name
     add_bos: bool = False  # BOS is redundant when every document already ends with EOS

@@ -130,7 +130,9 @@ def corpus_from_tables(tables: list, source_names: list[str]) -> Corpus:
 
     table = pa.concat_tables(tables) if tables else piece_schema().empty_table()
     order = np.lexsort((table.column("position").to_numpy(), table.column("partition").to_numpy()))
-    table = table.take(pa.array(order, pa.int64())).combine_chunks()
+    if np.any(order != np.arange(len(order))):  # pieces come in run order: a take would copy every token again
+        table = table.take(pa.array(order, pa.int64()))
+    table = table.combine_chunks()
     tokens = table.column("tokens").chunk(0) if table.num_rows else pa.array([], pa.large_list(pa.uint32()))
     starts = tokens.offsets.to_numpy()[:-1].astype(np.int64)
     lengths = np.diff(tokens.offsets.to_numpy()).astype(np.int64)

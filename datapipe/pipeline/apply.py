@@ -24,26 +24,28 @@ def cached_stage(name: str, cfg_json: str) -> Callable:
 
 
 def apply_stage(stage: Callable, name: str, table):
-    """Run a stage on the live documents of a batch; rejected ones pass by untouched."""
-    docs = docs_from_table(table)
+    """Run a stage on the live documents of an Arrow batch; rejected ones pass by untouched."""
+    return docs_to_table(apply_to_documents(stage, name, docs_from_table(table), lambda: docs_from_table(table)))
+
+
+def apply_to_documents(stage: Callable, name: str, docs: list[Document],
+                       fresh: Callable[[], list[Document]]) -> list[Document]:
+    """apply_stage on documents in memory. `fresh()` gives the batch again as the stage got it, for
+    the one-by-one retry after a stage that failed half-way (and may have changed some records)."""
     dead = [doc for doc in docs if doc["reject"]]
     alive = [doc for doc in docs if not doc["reject"]]
     record_bytes_in(alive, name)
     try:
         out = stage(alive) if alive else []
     except Exception:  # noqa: BLE001 - one bad record must not fail the batch: retry one by one
-        out = [kept for doc in fresh_alive(table, name) for kept in run_one(stage, name, doc)]
+        again = record_bytes_in([doc for doc in fresh() if not doc["reject"]], name)
+        out = [kept for doc in again for kept in run_one(stage, name, doc)]
     check_accounted(name, alive, out)
     place_derived(out)
     for doc in out:
         if not doc["reject"]:
             mark_transform(doc, name)
-    return docs_to_table(out + dead)
-
-
-def fresh_alive(table, name: str) -> list[Document]:
-    """The live documents of a batch again, unchanged by a stage that failed half-way."""
-    return record_bytes_in([doc for doc in docs_from_table(table) if not doc["reject"]], name)
+    return out + dead
 
 
 def record_bytes_in(docs: list[Document], name: str) -> list[Document]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,18 @@ def numbered(docs: list[Document], partition: int, start: int) -> list[Document]
     return docs
 
 
+def numbered_blocks(docs: Iterable[Document], partition: int, size: int) -> Iterator[list[Document]]:
+    """A partition's records in lists of `size`, numbered (`numbered`); the last list, maybe holding
+    no record, ends with the row that closes the partition."""
+    count, block = 0, []
+    for doc in docs:
+        block.append(doc)
+        if len(block) == size:
+            yield numbered(block, partition, count)
+            count, block = count + size, []
+    yield [*numbered(block, partition, count), end_row(partition, count + len(block))]
+
+
 def end_row(partition: int, records: int) -> Document:
     """The control row that closes a partition of `records` records (its position counts them)."""
     row = new_document("", f"partition {partition}", "")
@@ -67,11 +80,15 @@ def commit_block(table, settings: CommitSettings):
     """A Ray task, the plan's last operator: a block's partitions written as pieces; their summaries."""
     import pyarrow as pa
 
+    return pa.Table.from_pylist(commit_documents(docs_from_table(table), settings), schema=summary_schema())
+
+
+def commit_documents(docs: list[Document], settings: CommitSettings) -> list[dict[str, Any]]:
+    """Some documents' partitions written as pieces; a summary row for each partition."""
     by_partition: dict[int, list[Document]] = defaultdict(list)
-    for doc in docs_from_table(table):
+    for doc in docs:
         by_partition[doc["partition"]].append(doc)
-    rows = [commit_partition(partition, docs, settings) for partition, docs in by_partition.items()]
-    return pa.Table.from_pylist(rows, schema=summary_schema())
+    return [commit_partition(partition, docs, settings) for partition, docs in by_partition.items()]
 
 
 def summary_schema():

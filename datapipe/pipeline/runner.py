@@ -27,6 +27,7 @@ import socket
 import tempfile
 import time
 from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -41,6 +42,7 @@ from datapipe.pipeline import reaper, registry
 from datapipe.pipeline.apply import apply_stage, cached_stage
 from datapipe.pipeline.check import check_read, check_recipe, list_inputs
 from datapipe.pipeline.inputs import plan_partitions, read_partition
+from datapipe.pipeline.partition_task import READ_BATCH, PartitionJob, fits_partition_tasks, most_at_once, run_partition
 from datapipe.pipeline.partitions import (
     CommitSettings,
     Partition,
@@ -48,8 +50,7 @@ from datapipe.pipeline.partitions import (
     account_name,
     account_partition,
     commit_block,
-    end_row,
-    numbered,
+    numbered_blocks,
 )
 from datapipe.pipeline.partitions import (
     read_partition as read_committed,
@@ -62,8 +63,6 @@ from datapipe.pipeline.stats import RunStats
 from datapipe.schema import Document, docs_to_table
 from datapipe.stage import GlobalContext, StageConfig
 from datapipe.storage import Store
-
-READ_BATCH = 1024  # documents per Arrow block out of a reader
 
 
 def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: str | None = None,
@@ -106,7 +105,9 @@ def special_ids(recipe: Recipe) -> SpecialIds:
 
 
 def commit_documents(recipe: Recipe, plan: list[dict[str, Any]], run: RunFolder, console: Console) -> list[Partition]:
-    """Every partition committed: the ones a killed run committed read back, the others run now."""
+    """Every partition committed: the ones a killed run committed read back, the others run now, as
+    partition tasks when every stage allows it (datapipe.pipeline.partition_task), else as a Ray Data
+    plan of an operator a stage."""
     done = {index: read_committed(run.work, index) for index in range(len(plan))}
     todo = [index for index, part in done.items() if part is None]
     if len(todo) < len(plan):
@@ -115,21 +116,62 @@ def commit_documents(recipe: Recipe, plan: list[dict[str, Any]], run: RunFolder,
     if todo:
         settings = CommitSettings(run.work, special_ids(recipe), tuple(recipe.phases),
                                   tuple(source.name for source in recipe.sources), recipe.seed)
-        summaries = build_plan(recipe, plan, todo, run.work).map_batches(
-            commit_block, fn_kwargs={"settings": settings}, batch_size=None, batch_format="pyarrow")
-        log, shown = PartitionLog(run.work), RunStats(recipe.name)
-        with make_progress(console) as progress:
-            task = progress.add_task(recipe.name, total=None, tokens=0, rps=0.0, tps=0.0)
-            for table in summaries.iter_batches(batch_format="pyarrow", batch_size=None):
-                for row in table.to_pylist():
-                    log.add(row)
-                    shown.add(json.loads(row["stats"]))
-                update_progress(progress, task, shown)
-        done.update({part.index: part for part in log.committed})
+        if uses_partition_tasks(recipe):
+            committed = run_partition_tasks(recipe, plan, todo, settings, console)
+        else:
+            committed = run_operator_plan(recipe, plan, todo, settings, console)
+        done.update({part.index: part for part in committed})
     missing = [index for index, part in done.items() if part is None]
     if missing:
         raise RuntimeError(f"partitions {missing[:5]} never reached the end of the plan; rerun to finish them")
     return [done[index] for index in range(len(plan))]
+
+
+def uses_partition_tasks(recipe: Recipe) -> bool:
+    return recipe.ray.partition_tasks and fits_partition_tasks(recipe.stages)
+
+
+def run_partition_tasks(recipe: Recipe, plan: list[dict[str, Any]], todo: list[int], settings: CommitSettings,
+                        console: Console) -> list[Partition]:
+    """A Ray task per partition, as many in flight as the cluster runs (or the stages' `concurrency`
+    allows); the driver receives each partition's marker contents, nothing more."""
+    import ray
+
+    sources = {source.name: source for source in recipe.sources}
+    jobs = iter(PartitionJob(index, plan[index], sources[plan[index]["source"]], tuple(recipe.stages), settings)
+                for index in todo)
+    task = ray.remote(run_partition).options(num_cpus=1, max_retries=3)
+    limit = most_at_once(recipe.stages) or max(1, int(ray.cluster_resources().get("CPU", 1))) * 2
+    pending, committed, shown = {}, [], RunStats(recipe.name)
+    with make_progress(console) as progress:
+        bar = progress.add_task(f"{recipe.name}: {len(todo)} partitions", total=None, tokens=0, rps=0.0, tps=0.0)
+        while True:
+            for job in islice(jobs, limit - len(pending)):
+                pending[task.remote(job)] = job
+            if not pending:
+                return committed
+            [ready], _ = ray.wait(list(pending), num_returns=1)
+            del pending[ready]
+            committed.append(ray.get(ready))
+            shown.add(committed[-1].stats)
+            update_progress(progress, bar, shown)
+
+
+def run_operator_plan(recipe: Recipe, plan: list[dict[str, Any]], todo: list[int], settings: CommitSettings,
+                      console: Console) -> list[Partition]:
+    """The Ray Data plan (build_plan), its last operator committing blocks; the driver reads the small
+    summaries in order and commits each partition when its closing row arrives."""
+    summaries = build_plan(recipe, plan, todo, settings.work).map_batches(
+        commit_block, fn_kwargs={"settings": settings}, batch_size=None, batch_format="pyarrow")
+    log, shown = PartitionLog(settings.work), RunStats(recipe.name)
+    with make_progress(console) as progress:
+        task = progress.add_task(recipe.name, total=None, tokens=0, rps=0.0, tps=0.0)
+        for table in summaries.iter_batches(batch_format="pyarrow", batch_size=None):
+            for row in table.to_pylist():
+                log.add(row)
+                shown.add(json.loads(row["stats"]))
+            update_progress(progress, task, shown)
+    return log.committed
 
 
 def partition_stats(recipe: Recipe, partitions: list[Partition]) -> RunStats:
@@ -211,7 +253,8 @@ def run_stats(recipe: Recipe, partitions: list[Partition], accounts: list[dict[s
         stats.add(account["stats"])
     stats.phases = phases
     stats.wall_s = time.monotonic() - started
-    return {**stats.to_dict(), "driver": driver_figures()}
+    execution = "partition tasks" if uses_partition_tasks(recipe) else "an operator a stage"
+    return {**stats.to_dict(), "execution": execution, "driver": driver_figures()}
 
 
 def driver_figures() -> dict[str, Any]:
@@ -253,11 +296,6 @@ def connect(cfg: RayConfig, address: str | None) -> None:
             watchdog = reaper.watch()  # before ray.init: a driver killed while Ray starts leaves nothing either
             started = ray.init(num_cpus=cfg.num_cpus, object_store_memory=cfg.object_store_mb << 20, **quiet)
             reaper.tell_session(watchdog, started.address_info["session_dir"])
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True  # same recipe and seed, same shards
-    context.enable_progress_bars = False  # ours shows records/s and tokens/s
-    context.print_on_execution_start = False
-    logging.getLogger("ray.data").setLevel(logging.ERROR)  # its notices talk about the bars we turned off
 
 
 def check_reachable(address: str) -> None:
@@ -287,6 +325,7 @@ def build_plan(recipe: Recipe, plan: list[dict[str, Any]] | None = None, todo: l
     """The partitions to do (default: all) of each source, their union, then the recipe's stages in
     order. `work` is the run's work folder (global stages keep their files there; default: a
     temporary folder, for callers outside a run)."""
+    configure_ray_data()
     plan = plan_partitions(recipe, list_inputs(recipe)) if plan is None else plan
     todo = range(len(plan)) if todo is None else todo
     work = work or Store(tempfile.mkdtemp(prefix="datapipe-work-"))
@@ -297,6 +336,17 @@ def build_plan(recipe: Recipe, plan: list[dict[str, Any]] | None = None, todo: l
     for index, cfg in enumerate(recipe.stages):
         dataset = add_stage(dataset, cfg, work.child(f"stages/{index:02d}-{cfg.stage}"))
     return dataset
+
+
+def configure_ray_data() -> None:
+    """Ray Data's settings for our plans (imported here only: partition tasks never load ray.data)."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # same recipe and seed, same shards
+    context.enable_progress_bars = False  # ours shows records/s and tokens/s
+    context.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)  # its notices talk about the bars we turned off
 
 
 def read_source(recipe: Recipe, source, items: list[dict[str, Any]]):
@@ -313,13 +363,8 @@ def read_items(items, source, seed: int) -> Iterator[Any]:
     """A Ray task: read one partition, yield Arrow blocks of its documents, numbered; the last block
     ends with the row that closes the partition (datapipe.pipeline.partitions.end_row)."""
     for item in items.to_pylist():
-        partition, count, batch = item["partition"], 0, []
-        for doc in read_partition(source, seed, item):
-            batch.append(doc)
-            if len(batch) == READ_BATCH:
-                yield docs_to_table(numbered(batch, partition, count))
-                count, batch = count + len(batch), []
-        yield docs_to_table([*numbered(batch, partition, count), end_row(partition, count + len(batch))])
+        for block in numbered_blocks(read_partition(source, seed, item), item["partition"], READ_BATCH):
+            yield docs_to_table(block)
 
 
 def check_actor_cpus(recipe: Recipe) -> None:
