@@ -105,16 +105,16 @@ def running_recipe(tmp_path: Path, tokenizer: Path, count: int) -> Path:
     return tiny_recipe(tmp_path, tokenizer, [{"name": "code", "type": "python_programs", "count": count}])
 
 
-def wait_for_tokenize_actor(driver: subprocess.Popen) -> None:
-    wait_until(lambda: any("TokenizeActor" in member for member in session_members(driver.pid)) or driver.poll(),
-               START_S, "the tokenize actor never started")
+def wait_for_partition_task(driver: subprocess.Popen) -> None:
+    wait_until(lambda: any("ray::run_partition" in member for member in session_members(driver.pid)) or driver.poll(),
+               START_S, "no partition task ever ran")
     assert driver.poll() is None, Path(f"{driver.args[-1]}.stderr").read_text()
 
 
 @pytest.mark.slow
 def test_a_killed_driver_leaves_no_ray_process(tmp_path, tiny_tokenizer, ray_tmp):
     driver = start_run(running_recipe(tmp_path, tiny_tokenizer, 2_000_000), tmp_path / "out", ray_tmp)
-    wait_for_tokenize_actor(driver)
+    wait_for_partition_task(driver)
     assert len(session_members(driver.pid)) > 5 and holders(ray_tmp)  # Ray is up, in the driver's session
     driver.kill()
     driver.wait()
@@ -136,7 +136,7 @@ def test_a_driver_killed_while_ray_starts_leaves_no_ray_process(tmp_path, tiny_t
 @pytest.mark.slow
 def test_ctrl_c_and_a_normal_exit_leave_no_ray_process(tmp_path, tiny_tokenizer, ray_tmp):
     driver = start_run(running_recipe(tmp_path, tiny_tokenizer, 2_000_000), tmp_path / "out", ray_tmp)
-    wait_for_tokenize_actor(driver)
+    wait_for_partition_task(driver)
     os.killpg(driver.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     assert driver.wait(60) == 130
     assert_nothing_left(driver, ray_tmp)
@@ -176,6 +176,21 @@ os.kill(os.getpid(), 9)
         assert their_pid in reaper.processes(), "a process of another session was stopped"
     finally:
         os.kill(their_pid, signal.SIGKILL)
+
+
+def test_the_session_folder_is_read_from_a_command_line():
+    """What the watchdog stops when the driver dies inside ray.init, before it could name its session."""
+    folder = "/tmp/rt/session_2026-12-01_18-31-31_740292_7223"  # Ray's own name, under a --temp-dir
+    for argument, expected in ((f"--log_dir={folder}/logs", folder), (f"--session_dir={folder}", folder),
+                               ("--session_dir=/tmp/ray/session_latest", "")):
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", argument])
+        command = reaper.PROC / str(process.pid) / "cmdline"
+        try:
+            wait_until(lambda path=command, text=argument: text.encode() in path.read_bytes(), 30, "no command line")
+            assert reaper.session_named(process.pid) == expected, argument
+        finally:
+            process.kill()
+            process.wait()
 
 
 def test_a_process_belongs_to_a_folder_by_whole_path_only():

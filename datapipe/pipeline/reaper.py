@@ -16,7 +16,7 @@ the driver exits however it exits, the watchdog stops every process of that sess
   command line with `ray::...`, but each writes its log there);
 - that the driver started after the watchdog, recorded every 0.2 s with its start time until the
   folder is known (a reused pid is never taken for it): a driver killed inside `ray.init` leaves
-  nothing either;
+  nothing either (the folder is then the one the recorded processes' command lines name);
 - and every descendant of those (a render actor's Chromium, an LLM actor's engine).
 
 SIGTERM first, SIGKILL 2 s later, then a last look for anything started meanwhile. Processes of
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     driver, me = int(argv[0]), os.getpid()
     born = processes()[me].start  # Popen returned before ray.init began: Ray's processes are all younger
     recorded: dict[int, int] = {}
-    session, received = "", b""
+    session, named, received = "", "", b""  # named: the session folder a recorded process's command line names
     while True:
         ready, _, _ = select.select([sys.stdin.buffer], [], [], RECORD_EVERY_S if not session else None)
         if ready:
@@ -83,13 +83,30 @@ def main(argv: list[str]) -> int:
             session = received.decode(errors="replace").partition("\n")[0] if b"\n" in received else ""
         if not session:
             table = processes()
-            recorded.update({pid: table[pid].start for pid in descendants({driver}, table) - {me}
-                             if table[pid].start >= born})
-    stopped = stop(session, recorded, exclude={me, driver})
+            new = {pid: table[pid].start for pid in descendants({driver}, table) - {me} - recorded.keys()
+                   if table[pid].start >= born}
+            recorded.update(new)
+            named = named or next(filter(None, map(session_named, new)), "")
+    stopped = stop(session or named, recorded, exclude={me, driver})
     if stopped:
         print(f"datapipe: stopped {stopped} processes that the run (pid {driver}) left of its Ray session "
               f"({session or 'killed while Ray was starting'})", file=sys.stderr)
     return 0
+
+
+SESSION = re.compile(rb"(/[^\0= ]*/session_\d{4}-\d\d-\d\d_[\d-]+_\d+_\d+)(?:[/\0 ]|$)")
+
+
+def session_named(pid: int) -> str:
+    """The Ray session folder that a process's command line names (gcs_server's --log_dir, the raylet's
+    --session_dir...), or "". A driver killed inside ray.init never tells the watchdog its folder; the
+    processes it started name it, and the agents the raylet starts just before the kill (which no scan
+    recorded, and which outlive the raylet) are then found by their logs in it."""
+    try:
+        found = SESSION.search((PROC / str(pid) / "cmdline").read_bytes())
+    except OSError:
+        return ""
+    return found.group(1).decode(errors="replace") if found else ""
 
 
 def stop(folder: str, recorded: dict[int, int], exclude: set[int]) -> int:

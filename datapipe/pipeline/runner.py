@@ -140,7 +140,8 @@ def run_partition_tasks(recipe: Recipe, plan: list[dict[str, Any]], todo: list[i
     sources = {source.name: source for source in recipe.sources}
     jobs = iter(PartitionJob(index, plan[index], sources[plan[index]["source"]], tuple(recipe.stages), settings)
                 for index in todo)
-    task = ray.remote(run_partition).options(num_cpus=1, max_retries=3)
+    # SPREAD: partitions dealt over the nodes, where Ray's default fills the driver's node first
+    task = ray.remote(run_partition).options(num_cpus=1, max_retries=3, scheduling_strategy="SPREAD")
     limit = most_at_once(recipe.stages) or max(1, int(ray.cluster_resources().get("CPU", 1))) * 2
     pending, committed, shown = {}, [], RunStats(recipe.name)
     with make_progress(console) as progress:
@@ -199,7 +200,7 @@ def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder, con
             marker = run.work.read_text(job.marker)
             results[phase.name, group] = json.loads(marker) if marker is not None else None
             jobs += [job] if marker is None else []
-    pack = ray.remote(run_group).options(num_cpus=1, max_retries=3)
+    pack = ray.remote(run_group).options(num_cpus=1, max_retries=3, scheduling_strategy="SPREAD")
     pending = {pack.remote(job, run.work, run.target): job for job in jobs}
     with task_progress(console) as progress:
         task = progress.add_task(f"packing {len(recipe.phases)} phases", total=len(results),
