@@ -17,13 +17,14 @@ Every run is a fresh `datapipe run` process, as a user starts it; measured:
                    printed (target under 20%; largest size)
   2 CPUs vs 1      a two-raylet Ray cluster on this machine (`ray start --head`, `ray start
                    --address`), each node's processes pinned to one core of its own (taskset)
-                   with 2 logical CPUs (reading and the tokenize actor share the core), the driver
-                   on the head's core, against its head alone, with --ray-address (target at
-                   least 1.7x; 100 MB by default)
+                   with 1 logical CPU (partition tasks need no more), the driver on the head's
+                   core, against its head alone, with --ray-address (target at least 1.7x;
+                   100 MB by default)
   vs plain         the same work in one plain Python process (our own reader, normalize, tokenize,
                    best-fit packing and shard writer, no Ray) against `datapipe run`, both pinned
-                   to one core (taskset; the run's local Ray with 2 logical CPUs): the plain
-                   script's wall time over ours (target at most 1.0x, so Ray's overhead is paid
+                   to one core (taskset; the run's local Ray with 1 logical CPU): the plain
+                   script's wall time over ours, x_vs_plain_1cpu (the issue's target: ours at
+                   most 1.0x the plain script's, x_vs_plain_1cpu >= 1.0, so Ray's overhead is paid
                    back; 100 MB by default)
 The machine is shared and noisy: read ratios; `uptime` is printed beside the figures.
 """
@@ -197,7 +198,7 @@ def two_raylets():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=2", "--disable-usage-stats"]
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
     start = [*pinned(0), RAY, "start", "--head", f"--port={port}", f"--temp-dir={folders[0]}", "--include-dashboard=false", *common]
 
     def add_second_node() -> None:
@@ -282,7 +283,7 @@ def measure(work: Path, sizes: list[int], compare_mb: int, rerun_trials: int = 3
         return figures
     corpus = make_corpus(work / f"corpus-{compare_mb}", compare_mb)
     figures["plain_s"] = plain_run(corpus, work / "out-plain")
-    figures["one_cpu_s"] = datapipe_run(write_recipe(work, corpus, num_cpus=2), work / "out-1cpu", core=0)["wall_s"]
+    figures["one_cpu_s"] = datapipe_run(write_recipe(work, corpus, num_cpus=1), work / "out-1cpu", core=0)["wall_s"]
     with two_raylets() as (address, env, add_second_node):
         figures["cluster_1_s"] = datapipe_run(write_recipe(work, corpus), work / "out-c1", env, address, core=0)["wall_s"]
         add_second_node()
