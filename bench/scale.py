@@ -243,6 +243,8 @@ def main() -> None:
 def killed_at(out: Path) -> str:
     """Where a killed run stopped, from its committed markers."""
     work = out / "_work"
+    if (out / "run.json").exists():
+        return "finished"
     if not (work / "plan.json").exists():
         return "before any partition"
     partitions = len(json.loads((work / "plan.json").read_text()))
@@ -269,10 +271,16 @@ def measure(work: Path, sizes: list[int], compare_mb: int, rerun_trials: int = 3
     largest = max(sizes)
     corpus, fresh = work / f"corpus-{largest}", figures["sizes"][largest]["wall_s"]
     fractions = []
-    for trial in range(rerun_trials):  # where a kill at 90% lands varies with the run's pace: a median
+    for trial in range(2 * rerun_trials):  # where a kill at 90% lands varies with the run's pace: a median
+        if len(fractions) == rerun_trials:
+            break
         out = work / f"out-killed-{trial}"
         datapipe_run(write_recipe(work, corpus), out, kill_after=0.9 * fresh)
         landed = killed_at(out)
+        if landed == "finished":  # this run went faster than the fresh one: nothing was left to kill
+            print(f"trial {trial}: the run finished before the kill at {0.9 * fresh:.1f} s; not counted", flush=True)
+            shutil.rmtree(out)
+            continue
         rerun = datapipe_run(write_recipe(work, corpus), out)
         fractions.append(rerun["wall_s"] / fresh)
         print(f"rerun after a kill at 90% of {fresh:.1f} s ({landed}): {rerun['wall_s']:.1f} s (load {load()})",
