@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 MONTHS = {m: i + 1 for i, m in enumerate(["january", "february", "march", "april", "may", "june", "july", "august",
                                           "september", "october", "november", "december"])}
@@ -106,9 +107,10 @@ def number_value(text: str) -> float:
     return total + current
 
 
-def canonical(value: float) -> str:
-    """Four significant figures, no trailing zeros: 3000.0 -> '3000', 0.3048 -> '0.3048'."""
-    return f"{float(f'{value:.4g}'):.15g}"
+def canonical(value: float, digits: int = 15) -> str:
+    """No trailing zeros: 3000.0 -> '3000'; unit conversions round to 6 significant figures, so
+    float error (3 x 0.3048) does not tell equal lengths apart, while 7,799,401 != 7,799,402."""
+    return f"{float(f'{value:.{digits}g}'):.15g}"
 
 
 def unit_of(word: str | None) -> tuple[str, float] | None:
@@ -133,7 +135,7 @@ def find_quantities(text: str) -> list[tuple[Quantity, int]]:
         if match["num"].lower().split()[0] == "one" and not unit and not match["scale"]:
             continue  # "one of the", "no one": not a fact
         value = number_value(match["num"].rstrip(" -")) * SCALES.get((match["scale"] or "").lower(), 1)
-        dim = f"{unit[0]}:{canonical(value * unit[1])}" if unit else ""
+        dim = f"{unit[0]}:{canonical(value * unit[1], 6)}" if unit else ""
         found.append((Quantity(canonical(value), dim), match.start()))
     return found
 
@@ -166,6 +168,7 @@ def names(text: str) -> set[str]:
     return {name for sentence in sentences(text) for name, _ in sentence_names(sentence)}
 
 
+@lru_cache(maxsize=4096)  # a clause is looked at twice, a source chunk once per answer it gets
 def sentence_names(sentence: str, initial: bool = True) -> list[tuple[str, int]]:
     """Runs of capitalized words with the index of their first word; a sentence's first word counts
     only when the next word is capitalized too ("Marie Curie won" but not "The tower"); a clause
@@ -184,6 +187,7 @@ def sentence_names(sentence: str, initial: bool = True) -> list[tuple[str, int]]
     return found
 
 
+@lru_cache(maxsize=1024)  # the source chunk's facts, for each of its answers (styles, retries)
 def extract(text: str) -> Facts:
     tokens = [t.lower() for t in TOKEN.findall(text)]
     facts = Facts(quantities={q for q, _ in find_quantities(text)}, negations=len(NEGATION.findall(text)),
@@ -256,8 +260,9 @@ def broken_bindings(source: Facts, rewrite: Facts) -> list[str]:
         if not (present(rewrite, key) and present(rewrite, name)):
             continue
         held = {(key, name), (name, key)} & (rewrite.bindings | rewrite.together)
-        elsewhere = [other for k, other in rewrite.bindings if k == key and other in source.names
-                     and (key, other) not in said]
+        ends = {key, name} if key in source.names else {key}  # a name may move as well as a fact
+        elsewhere = [b if a in ends else a for a, b in rewrite.bindings if (a in ends or b in ends and a in source.names)
+                     and (a, b) not in said and (b if a in ends else a) in source.names]
         if not held and elsewhere:
             moved.append(f"{key}~{name}->{elsewhere[0]}")
     return moved

@@ -141,17 +141,23 @@ def check(source: str, rewrite: str, cfg: FidelityConfig, context: str = "", fin
     context_overlap = overlap(context, rewrite) if context else 0.0
     mark("repeats_context", context_overlap, context_overlap > cfg.max_context_overlap)
     mark("copied", overlap(source, rewrite), overlap(source, rewrite) > cfg.max_overlap)
-    check_facts(facts.extract(source), facts.extract(rewrite), cfg, mark)
+    # A translation keeps numbers but not capitalization (German capitalizes every noun): names
+    # and relations are checked only within one language.
+    check_facts(facts.extract(source), facts.extract(rewrite), cfg, mark, names=target_language is None)
     ratio = round(len(rewrite) / max(1, len(source)), 4)
     mark("length_ratio", ratio, not cfg.min_length_ratio <= ratio <= cfg.max_length_ratio)
     return verdict
 
 
-def check_facts(said: facts.Facts, wrote: facts.Facts, cfg: FidelityConfig, mark) -> None:
+def check_facts(said: facts.Facts, wrote: facts.Facts, cfg: FidelityConfig, mark, names: bool = True) -> None:
     dropped, invented = facts.unmatched(said.quantities, wrote.quantities), facts.unmatched(wrote.quantities,
                                                                                              said.quantities)
     mark("numbers_dropped", len(dropped), len(dropped) > cfg.max_dropped_numbers, dropped)
     mark("numbers_invented", len(invented), len(invented) > cfg.max_invented_numbers, invented)
+    flipped = wrote.negations - said.negations
+    mark("negation", flipped, cfg.check_negation and flipped != 0 and names)
+    if not names:
+        return
     kept = [name for name in said.names if facts.present(wrote, name)]
     recall = round(len(kept) / len(said.names), 4) if said.names else 1.0
     mark("names_dropped", recall, recall < cfg.min_name_recall, sorted(set(said.names) - set(kept)))
@@ -159,8 +165,6 @@ def check_facts(said: facts.Facts, wrote: facts.Facts, cfg: FidelityConfig, mark
     mark("names_invented", len(new_names), len(new_names) > cfg.max_invented_names, new_names)
     broken = facts.broken_bindings(said, wrote)
     mark("relations", len(broken), len(broken) > cfg.max_broken_relations, broken)
-    flipped = wrote.negations - said.negations
-    mark("negation", flipped, cfg.check_negation and flipped != 0)
 
 
 def verdict_marker(verdict: Verdict):
