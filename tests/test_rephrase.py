@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from datapipe import cli
+from datapipe.llm.fidelity import CHECKS
 from datapipe.pipeline.inspect import read_rejects
 from datapipe.schema import new_document
 from datapipe.text.rephrase import Config, make_stage
@@ -14,7 +15,7 @@ from tests.llm_helpers import LOOSE_GATE, PLAIN_STYLES, embedder, local_backend
 EIFFEL = "The Eiffel Tower in Paris was completed in 1889. It is 330 metres tall."
 WATER = ("Water boils at 100 degrees Celsius at sea level.\n\n"
          "Salt water freezes at a lower temperature than fresh water.")
-REASONS = {"rephrase.fidelity_low", "rephrase.copied", "rephrase.empty_response"}  # what a live model may earn
+REASONS = {f"rephrase.{check}" for check in CHECKS} | {"rephrase.empty_response"}  # what a live model may earn
 
 
 def stage(**fields):
@@ -32,18 +33,21 @@ def test_each_input_becomes_k_rewrites_in_distinct_styles_with_provenance():
     assert [d["id"] for d in out] == ["web/0", "web/0#rephrase1", "web/1", "web/1#rephrase1"]
     for original, extra in (out[0:2], out[2:4]):
         assert original["derived_from"] == ""  # the input itself: counted in, not created
-        assert extra["derived_from"] == original["id"]
-        infos = [original["notes"]["rephrase"], extra["notes"]["rephrase"]]
-        assert infos[0]["style"] != infos[1]["style"]  # distinct styles per document
-        assert {i["model"] for i in infos} == {"SmolLM2-135M-Instruct"} and {i["backend"] for i in infos} == {"local"}
-        for record, info in zip((original, extra), infos):
+        assert extra["derived_from"] == original["id"] and extra["transforms"] == []  # its own stage history
+        rewrites = [r for r in (original, extra) if "style" in r["notes"]["rephrase"]]
+        assert len({r["notes"]["rephrase"]["style"] for r in rewrites}) == len(rewrites)  # distinct styles
+        for record in rewrites:
+            info = record["notes"]["rephrase"]
             assert info["source_id"] == original["id"] and info["chunks"] == 2  # 2 sentences / 2 paragraphs
-            if record["reject"]:
-                assert record["reject"] in REASONS and info["attempts"]
+            assert info["model"] == "SmolLM2-135M-Instruct" and info["backend"] == "local"
+            if record["reject"]:  # a failed rewrite: its answer and every score are kept for the rejects file
+                assert record["reject"] in REASONS and info["attempts"][-1]["detail"]
             else:  # both chunks passed and were stitched with their source's break
                 assert len(info["fidelity"]) == 2 and all(s["cosine"] >= 0.3 for s in info["fidelity"])
                 assert ("\n\n" in record["text"]) == (original["id"] == "web/1")
-    assert sum(not d["reject"] for d in out) >= 1, "the model rewrote nothing: check the styles or the gate"
+        if not rewrites or all(r["reject"] for r in rewrites):  # nothing passed: the original is kept, unchanged
+            assert not original["reject"] and original["text"] in (EIFFEL, WATER)
+    assert sum(not d["reject"] and "style" in d["notes"]["rephrase"] for d in out) >= 1, "the model rewrote nothing"
 
 
 @pytest.mark.slow
@@ -59,11 +63,16 @@ def test_keep_originals_passes_the_input_and_creates_every_rewrite():
 def test_fidelity_gate_retries_another_style_then_rejects_with_scores():
     useless = [{"name": f"say_{word}", "system": f"Reply with the single word {word} and nothing else.",
                 "temperature": 0.0} for word in ("OK", "YES")]
-    out = stage(styles=useless, rewrites=1, style_retries=1, max_new_tokens=4)([doc(0, EIFFEL)])
-    assert len(out) == 1 and out[0]["reject"] == "rephrase.fidelity_low"
-    attempts = out[0]["notes"]["rephrase"]["attempts"]
+    out = stage(styles=useless, rewrites=1, style_retries=1, max_new_tokens=4,
+                fidelity={"reject_truncated": False})([doc(0, EIFFEL)])  # 4 tokens may cut "OK."; the numbers tell
+    assert [d["id"] for d in out] == ["web/0", "web/0#rephrase0"]
+    assert not out[0]["reject"] and out[0]["text"] == EIFFEL  # nothing passed: the original is written
+    assert out[0]["notes"]["rephrase"]["no_rewrite_passed"] == ["numbers_dropped"]
+    assert out[1]["reject"] == "rephrase.numbers_dropped" and out[1]["derived_from"] == "web/0"
+    attempts = out[1]["notes"]["rephrase"]["attempts"]
     assert sorted(a["style"] for a in attempts) == ["say_OK", "say_YES"]  # a spare style was tried
-    assert all(a["scores"]["numbers"] == 0.0 and "numbers 0.0 < 1.0" in a["detail"] for a in attempts)
+    assert all(a["scores"]["numbers_dropped"] == 2 and "1889" in a["detail"] for a in attempts)
+    assert out[1]["text"] == attempts[-1]["answer"]  # the refused rewrite itself goes to the rejects file
 
 
 def test_bad_input_is_rejected_with_reasons_before_any_generation():
@@ -71,12 +80,15 @@ def test_bad_input_is_rejected_with_reasons_before_any_generation():
     docs = [doc(0, "   "), doc(1, EIFFEL * 20), doc(2, huge), doc(3, "def f(): pass", kind="code"),
             doc(4, EIFFEL, meta={"domain": "math"})]
     out = stage(max_chunks=2, chunk_tokens=40)([docs[0], docs[1], docs[3], docs[4]])
-    assert [d["reject"] for d in out] == ["rephrase.empty_text", "rephrase.too_long", "", "rephrase.no_style"]
+    assert [d["reject"] for d in out] == ["rephrase.empty_text", "", "", ""]  # the others are kept as they are
+    assert [out[i]["notes"]["rephrase"]["skipped"] for i in (1, 3)] == ["too_long", "no_style"]
     assert out[2]["text"] == "def f(): pass" and "rephrase" not in out[2]["notes"]  # code passes untouched
+    strict = stage(max_chunks=2, chunk_tokens=40, on_failure="reject")([doc(1, EIFFEL * 20)])
+    assert strict[0]["reject"] == "rephrase.too_long"  # only when the recipe says so
     overflow = stage(chunk_tokens=9000, rewrites=1, style_retries=1)([docs[2]])
-    assert overflow[0]["reject"] == "rephrase.context_overflow"
-    assert "8192-token context" in overflow[0]["notes"]["rephrase"]["attempts"][0]["detail"]
-    assert len(overflow[0]["notes"]["rephrase"]["attempts"]) == 1  # another style would not fit either
+    assert overflow[1]["reject"] == "rephrase.context_overflow" and not overflow[0]["reject"]
+    assert "8192-token context" in overflow[1]["notes"]["rephrase"]["attempts"][0]["detail"]
+    assert len(overflow[1]["notes"]["rephrase"]["attempts"]) == 1  # another style would not fit either
 
 
 def test_recipe_needs_a_style_library():
@@ -102,12 +114,12 @@ def test_recipe_end_to_end_on_ray_accounts_for_every_record(tmp_path, tiny_token
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     assert cli.main(["run", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "out")]) == 0
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
-    assert stats["balanced"] and stats["records_in"] == {"web": 4} and stats["created"] == {"web": 2}
-    assert sum(stats["written"].values()) + sum(stats["rejected"].values()) == 6
-    assert stats["rejected"].get("rephrase.too_long") == 1 and stats["rejected"].get("read.bad_json") == 1
-    assert set(stats["rejected"]) <= REASONS | {"rephrase.too_long", "read.bad_json"}
-    rejects = list(read_rejects(tmp_path / "out"))
-    for reject in rejects:
-        if reject["reject"].startswith("rephrase.") and reject["reject"] != "rephrase.too_long":
-            assert reject["notes"]["rephrase"]["attempts"]  # the styles tried and their scores
-    assert stats["stages"]["rephrase"]["kept"] >= 1
+    assert stats["balanced"] and stats["records_in"] == {"web": 4}
+    assert sum(stats["written"].values()) + sum(stats["rejected"].values()) == 4 + sum(stats["created"].values())
+    assert stats["rejected"].get("read.bad_json") == 1 and "rephrase.too_long" not in stats["rejected"]  # huge: kept
+    assert set(stats["rejected"]) <= REASONS | {"read.bad_json"}
+    assert stats["stages"]["normalize"]["in"] == 3  # each record once: rewrites do not inherit its count
+    for reject in read_rejects(tmp_path / "out"):
+        if reject["reject"].startswith("rephrase."):
+            assert reject["notes"]["rephrase"]["attempts"]  # the styles tried, their scores and answers
+    assert sum(stats["written"].values()) >= 3  # the 3 originals at least, rewritten or kept

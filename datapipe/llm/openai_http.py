@@ -1,23 +1,28 @@
 """The OpenAI-compatible HTTP backend: what vLLM, SGLang, llama.cpp and datapipe.llm.server speak.
 
-POST {base_url}/chat/completions, `concurrency` requests in flight per actor (the server batches
-them; vLLM's continuous batching wants many), each with a timeout. Connection errors, timeouts,
-429 and 5xx are retried with exponential backoff (0.5, 1, 2 s by default); a malformed reply is
-retried the same way; a context-length 400 is answered `context_overflow` at once. At start the
-backend asks GET /models: a server that is down or does not serve the model stops the run with
-the fix, instead of rejecting every record. Standard library only: no client package to install.
+POST {base_url}/chat/completions from an asyncio client (aiohttp), `concurrency` requests in
+flight per actor (the server batches them; vLLM's continuous batching wants many), each with a
+timeout. Connection errors, timeouts, 429 and 5xx are retried with jittered exponential backoff
+(0.5, 1, 2 s x 0.5-1.5 by default), after the pause a Retry-After header asks for; a malformed
+reply is retried the same way; a context-length 400 is answered `context_overflow` at once. At
+start the backend asks GET /models: a server that is down or does not serve the model stops the
+run with the fix; a server that fails mid-run opens the circuit breaker (datapipe.llm.client),
+which stops the run instead of rejecting every record. Chunk sizes use the served model's own
+tokenizer where it is here (the packaged SmolLM2, a local folder in backend.tokenizer).
 """
 from __future__ import annotations
 
+import asyncio
+import email.utils
 import http.client
 import json
 import math
 import os
+import random
 import socket
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 
 from datapipe.llm.base import (
     BACKEND_ERROR,
@@ -30,8 +35,9 @@ from datapipe.llm.base import (
     failed,
     finish,
 )
+from datapipe.llm.client import Breaker, Flight
 
-CHARS_PER_TOKEN = 4.0  # English averages ~4 characters a token in Llama-family BPEs; only sizes chunks
+CHARS_PER_TOKEN = 4.0  # English averages ~4 characters a token in Llama-family BPEs; Spanish ~3: a fallback only
 TRANSIENT = (urllib.error.URLError, http.client.HTTPException, socket.timeout, ConnectionError, TimeoutError)
 CONTEXT_WORDS = ("context length", "context_length", "maximum context", "too long")
 
@@ -49,8 +55,8 @@ class OpenAIBackend:
         self.base = cfg.base_url.rstrip("/")
         key = os.environ.get(cfg.api_key_env)
         self.headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-        self.pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="openai")
         self.check_server()
+        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
 
     def check_server(self) -> None:
         try:
@@ -71,45 +77,108 @@ class OpenAIBackend:
                                f"to one of those") from None
 
     def count_tokens(self, texts: list[str]) -> list[int]:
+        if self.tokenizer is not None:
+            return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         return [math.ceil(len(text) / CHARS_PER_TOKEN) for text in texts]
-
-    def generate(self, requests: list[Request]) -> list[Completion]:
-        return list(self.pool.map(self.complete, requests))
-
-    def complete(self, request: Request) -> Completion:
-        body = json.dumps({"model": self.model, "messages": request.messages, "max_tokens": request.max_new_tokens,
-                           "temperature": request.temperature, "top_p": request.top_p, "seed": self.cfg.seed}).encode()
-        outcome = failed(BACKEND_ERROR, "no attempt made")
-        for attempt in range(self.cfg.max_retries + 1):
-            if attempt:
-                time.sleep(self.cfg.backoff_s * 2 ** (attempt - 1))
-            try:
-                return self.post(body)
-            except Retry as retry:
-                outcome = failed(*retry.args)
-        outcome.detail = f"after {self.cfg.max_retries + 1} tries: {outcome.detail}"[:500]
-        return outcome
-
-    def post(self, body: bytes) -> Completion:
-        try:
-            with urllib.request.urlopen(self.http_request("/chat/completions", body), timeout=self.cfg.timeout_s) as reply:
-                payload = reply.read()
-        except urllib.error.HTTPError as err:
-            return self.http_error(err.code, err.read().decode("utf-8", "replace"))
-        except TRANSIENT as err:
-            raise Retry(BACKEND_ERROR, f"{type(err).__name__}: {err}") from None
-        return parse_completion(payload)
-
-    def http_error(self, status: int, message: str) -> Completion:
-        if status == 429 or status >= 500:
-            raise Retry(BACKEND_ERROR, f"HTTP {status}: {message[:300]}")
-        if status == 400 and any(word in message.lower() for word in CONTEXT_WORDS):
-            return failed(CONTEXT_OVERFLOW, message)
-        return failed(BACKEND_ERROR, f"HTTP {status}: {message}")
 
     def http_request(self, path: str, body: bytes | None = None) -> urllib.request.Request:
         return urllib.request.Request(self.base + path, data=body, headers=self.headers,
                                       method="POST" if body is not None else "GET")
+
+    def async_client(self) -> OpenAIClient:
+        return OpenAIClient(self.cfg, self.base, self.headers)
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        """The blocking form, for callers outside an event loop (tests, the server's own checks)."""
+        async def gather() -> list[Completion]:
+            client = self.async_client()
+            try:
+                return list(await asyncio.gather(*(client.complete(r) for r in requests)))
+            finally:
+                await client.close()
+        return asyncio.run(gather())
+
+
+class OpenAIClient:
+    """aiohttp, one session per run; `concurrency` requests in flight; Retry-After honoured (429/503:
+    every request waits until then, the server asked for a pause); other retries back off with
+    jitter (backoff_s x 2^k x 0.5-1.5, so clients that failed together do not retry together)."""
+
+    def __init__(self, cfg: BackendConfig, base: str, headers: dict[str, str]):
+        self.cfg, self.base, self.headers = cfg, base, headers
+        self.flight = Flight()
+        self.breaker = Breaker(cfg.breaker_window, min(10, cfg.breaker_window), cfg.max_error_rate, base)
+        self.limit = asyncio.Semaphore(cfg.concurrency)
+        self.session = None
+        self.paused_until = 0.0  # monotonic time before which no request is sent (Retry-After)
+        self.retries = 0
+
+    async def complete(self, request: Request) -> Completion:
+        body = {"model": self.cfg.model, "messages": request.messages, "max_tokens": request.max_new_tokens,
+                "temperature": request.temperature, "top_p": request.top_p, "seed": self.cfg.seed}
+        outcome = failed(BACKEND_ERROR, "no attempt made")
+        for attempt in range(self.cfg.max_retries + 1):
+            if attempt:
+                self.retries += 1
+                await asyncio.sleep(self.cfg.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+            while (wait := self.paused_until - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            try:
+                outcome = await self.send(body)
+                break
+            except Retry as retry:
+                outcome = failed(*retry.args[:2])
+        else:
+            outcome.detail = f"after {self.cfg.max_retries + 1} tries: {outcome.detail}"[:500]
+        self.breaker.record(outcome)
+        return outcome
+
+    async def send(self, body: dict) -> Completion:
+        import aiohttp
+
+        if self.session is None:
+            self.session = aiohttp.ClientSession(headers=self.headers, timeout=aiohttp.ClientTimeout(
+                total=self.cfg.timeout_s), connector=aiohttp.TCPConnector(limit=self.cfg.concurrency))
+        async with self.limit:
+            self.flight.change(+1)
+            try:
+                async with self.session.post(self.base + "/chat/completions", json=body) as reply:
+                    payload = await reply.read()
+                    status, retry_after = reply.status, reply.headers.get("Retry-After")
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+                raise Retry(BACKEND_ERROR, f"{type(err).__name__}: {err}") from None
+            finally:
+                self.flight.change(-1)
+        if status != 200:
+            self.pause(status, retry_after)
+            return http_error(status, payload.decode("utf-8", "replace"))
+        return parse_completion(payload)
+
+    def pause(self, status: int, retry_after: str | None) -> None:
+        """429/503 with Retry-After (seconds, or an HTTP date): nobody sends before then (capped at 5 min)."""
+        if status not in (429, 503) or not retry_after:
+            return
+        try:
+            seconds = float(retry_after)
+        except ValueError:
+            try:
+                seconds = email.utils.parsedate_to_datetime(retry_after).timestamp() - time.time()
+            except (TypeError, ValueError):
+                return
+        self.paused_until = max(self.paused_until, time.monotonic() + min(max(seconds, 0.0), 300.0))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        self.session = None
+
+
+def http_error(status: int, message: str) -> Completion:
+    if status == 429 or status >= 500:
+        raise Retry(BACKEND_ERROR, f"HTTP {status}: {message[:300]}")
+    if status == 400 and any(word in message.lower() for word in CONTEXT_WORDS):
+        return failed(CONTEXT_OVERFLOW, message)
+    return failed(BACKEND_ERROR, f"HTTP {status}: {message}")
 
 
 def parse_completion(payload: bytes) -> Completion:
@@ -122,3 +191,21 @@ def parse_completion(payload: bytes) -> Completion:
         return finish(text, tokens, choice.get("finish_reason") or "")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
         raise Retry(MALFORMED_RESPONSE, f"{type(err).__name__}: {err}; body starts {payload[:200]!r}") from None
+
+
+def load_tokenizer(name: str):
+    """The served model's tokenizer, for chunk sizes, when it is here: the packaged SmolLM2 or a local
+    model folder; else None and chunks are sized at 4 characters a token (Spanish chunks then come
+    out at 268-367 real tokens for a 256 target: set backend.tokenizer to a local folder)."""
+    from pathlib import Path
+
+    from datapipe.llm.packaged import SMOLLM2, model_dir
+
+    if name != SMOLLM2 and not (Path(name).expanduser() / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir(name) if name == SMOLLM2 else Path(name).expanduser())
+    except FileNotFoundError:  # the model package is not installed here: the estimate it is
+        return None

@@ -1,28 +1,28 @@
-"""Chunk-wise autoregressive rewriting with a fidelity gate, batched across documents.
+"""Chunk-wise autoregressive rewriting with a fidelity gate, every rewrite its own coroutine.
 
 Each of a document's K rewrites is a Slot: one style walking the document's chunks in order,
 every request carrying the previous rewritten chunk(s) as context, as Kimi K2 rewrote long
-documents so that the pieces read as one text. The Rewriter runs rounds: every unfinished slot
-of the batch contributes its next chunk, all of them go to the backend as one batch, every answer
-is scored against its source chunk, and each slot then advances, retries with a spare style
-(from chunk 0: a style change mid-document would not read as one text), or fails with a reason.
-A batch of 16 documents x 2 rewrites keeps 32 requests in flight per round.
+documents so that the pieces read as one text. Each slot is a coroutine: it sends its next chunk
+as soon as the previous one is back and judged, so a slow answer holds only its own document and
+the backend client keeps `concurrency` requests in flight (datapipe.llm.client). Each answer is
+judged by the gate (datapipe.llm.fidelity; the embedder runs in a worker thread, the LLM judge is
+one more request), then the slot advances, retries with a spare style (from chunk 0: a style
+change mid-document would not read as one text), or fails with the first failed check's name.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 
 from datapipe.llm import fidelity
-from datapipe.llm.base import EMPTY_RESPONSE, Backend, Completion, Request
+from datapipe.llm.base import EMPTY_RESPONSE, BackendError, Completion, Request
+from datapipe.llm.client import Gathered, make_client
 from datapipe.llm.styles import StyleConfig
 
-FIDELITY_LOW = "fidelity_low"
-COPIED = "copied"  # the only failed check was overlap: the model echoed its input
 log = logging.getLogger(__name__)
-RETRYABLE = {EMPTY_RESPONSE, FIDELITY_LOW, COPIED}  # another style may do better; overflow and server errors won't
+RETRYABLE = {EMPTY_RESPONSE, *fidelity.CHECKS}  # another style may do better; overflow and server errors won't
 
 
 @dataclass
@@ -36,9 +36,10 @@ class Slot:
     retries_left: int
     outputs: list[str] = field(default_factory=list)  # rewritten chunks so far
     scores: list[dict] = field(default_factory=list)  # fidelity scores of those chunks
-    attempts: list[dict] = field(default_factory=list)  # styles that failed, with why
+    attempts: list[dict] = field(default_factory=list)  # styles that failed: why, every score, the answer in full
     output_tokens: int = 0
-    reason: str = ""  # the final failure ("fidelity_low", "backend_error"...), "" on success
+    reason: str = ""  # the final failure (a fidelity check's name, "backend_error"...), "" on success
+    failed_text: str = ""  # the rewrite as far as it got, with the answer that failed: for the rejects file
     done: bool = False
 
 
@@ -51,58 +52,87 @@ class RewriteSettings:
 
 
 class Rewriter:
-    def __init__(self, backend: Backend, embedder, settings: RewriteSettings):
+    def __init__(self, backend, embedder, settings: RewriteSettings, judge_backend=None):
         self.backend = backend
         self.embedder = embedder  # None when the cosine check is off
+        self.judge_backend = judge_backend or backend  # used only when settings.fidelity.judge is set
         self.settings = settings
+        self.stats: dict = {}  # the last run's requests in flight (datapipe.llm.client.Flight)
 
     def run(self, slots: list[Slot]) -> None:
-        """Rounds until every slot has finished or failed."""
-        while active := [slot for slot in slots if not slot.done]:
-            started = time.monotonic()
-            completions = self.backend.generate([self.request(slot) for slot in active])
-            self.judge(active, completions)
-            log.info("rephrase round: %d requests, %d output tokens, %.1f s", len(active),
-                     sum(c.output_tokens for c in completions), time.monotonic() - started)
+        """Every slot to its end; a BackendError (the circuit breaker) stops the run."""
+        asyncio.run(self.run_async(slots))
 
-    def request(self, slot: Slot) -> Request:
+    async def run_async(self, slots: list[Slot]) -> None:
+        client = make_client(self.backend)
+        judge = make_client(self.judge_backend) if self.judge_backend is not self.backend else client
+        cosine = Gathered(self.cosines) if self.embedder else None
+        try:
+            async with asyncio.TaskGroup() as group:
+                for slot in slots:
+                    group.create_task(self.rewrite(slot, client, judge, cosine))
+        except* BackendError as errors:
+            raise errors.exceptions[0] from None
+        finally:
+            for closing in {client, judge, *([cosine] if cosine else [])}:
+                await closing.close()
+        self.stats = client.flight.stats()
+        log.info("rephrase: %s", self.stats)
+
+    def cosines(self, pairs: list[tuple[str, str]]) -> list[float]:
+        return self.embedder.cosine([source for source, _ in pairs], [rewrite for _, rewrite in pairs])
+
+    async def rewrite(self, slot: Slot, client, judge, cosine) -> None:
+        while not slot.done:
+            request, context = self.request(slot)
+            completion = await client.complete(request)
+            if completion.error:
+                self.retry_or_fail(slot, completion.error, completion.detail, answer=completion.text)
+                continue
+            verdict = await self.judge(slot, completion, context, judge, cosine)
+            slot.output_tokens += completion.output_tokens
+            self.advance(slot, completion.text, verdict)
+
+    def request(self, slot: Slot) -> tuple[Request, str]:
         k = len(slot.outputs)
         text = slot.style.prompt.format(text=slot.chunks[k])
-        if k and self.settings.context_chunks:
-            context = "\n\n".join(slot.outputs[-self.settings.context_chunks :])
+        context = "\n\n".join(slot.outputs[-self.settings.context_chunks :]) if k and self.settings.context_chunks else ""
+        if context:
             text = self.settings.context_template.format(context=context, text=text)
         budget = math.ceil(slot.style.length_budget * slot.chunk_tokens[k]) + 16
         messages = [{"role": "system", "content": slot.style.system}, {"role": "user", "content": text}]
-        return Request(messages, min(budget, self.settings.max_new_tokens), slot.style.temperature, slot.style.top_p)
+        request = Request(messages, min(budget, self.settings.max_new_tokens), slot.style.temperature, slot.style.top_p)
+        return request, context
 
-    def judge(self, slots: list[Slot], completions: list[Completion]) -> None:
-        answered = [(slot, c) for slot, c in zip(slots, completions) if not c.error]
-        sources = [slot.chunks[len(slot.outputs)] for slot, _ in answered]
-        rewrites = [c.text for _, c in answered]
-        cosines = self.embedder.cosine(sources, rewrites) if self.embedder else [None] * len(answered)
-        for (slot, completion), source, cosine in zip(answered, sources, cosines):
-            slot.output_tokens += completion.output_tokens
-            scores = fidelity.score(source, completion.text, cosine)
-            self.advance(slot, completion.text, scores, fidelity.failures(scores, self.settings.fidelity))
-        for slot, completion in zip(slots, completions):
-            if completion.error:
-                self.retry_or_fail(slot, completion.error, completion.detail)
+    async def judge(self, slot: Slot, completion: Completion, context: str, judge, cosine) -> fidelity.Verdict:
+        """The text checks here; the embedding in its worker thread; the LLM judge last (it costs a
+        request), each only for an answer that passed the checks before it."""
+        cfg, source = self.settings.fidelity, slot.chunks[len(slot.outputs)]
+        target = "en" if slot.style.non_english_only else None  # the translating styles write English
+        verdict = fidelity.check(source, completion.text, cfg, context, completion.finish_reason, target)
+        if not verdict.failed and cosine is not None:
+            fidelity.add_cosine(verdict, round(await cosine((source, completion.text)), 4), cfg)
+        if not verdict.failed and cfg.judge is not None:
+            answer = await judge.complete(Request(fidelity.judge_messages(source, completion.text, cfg.judge),
+                                                  cfg.judge.max_new_tokens, 0.0))
+            fidelity.add_judge(verdict, answer.text if not answer.error else f"error: {answer.error}", cfg.judge)
+        return verdict
 
-    def advance(self, slot: Slot, text: str, scores: dict, failed: list[str]) -> None:
-        if failed:
-            reason = COPIED if all(f.startswith("overlap") for f in failed) else FIDELITY_LOW
-            self.retry_or_fail(slot, reason, "; ".join(failed), scores)
+    def advance(self, slot: Slot, text: str, verdict: fidelity.Verdict) -> None:
+        if verdict.failed:
+            self.retry_or_fail(slot, verdict.reason, verdict.detail(), verdict.scores, text)
             return
         slot.outputs.append(text)
-        slot.scores.append(scores)
+        slot.scores.append(verdict.scores)
         slot.done = len(slot.outputs) == len(slot.chunks)
 
-    def retry_or_fail(self, slot: Slot, reason: str, detail: str, scores: dict | None = None) -> None:
+    def retry_or_fail(self, slot: Slot, reason: str, detail: str, scores: dict | None = None, answer: str = "") -> None:
         attempt = {"style": slot.style.name, "reason": reason, "chunk": len(slot.outputs), "detail": detail}
-        slot.attempts.append({**attempt, "scores": scores} if scores else attempt)
+        slot.attempts.append({**attempt, "scores": scores, "answer": answer} if scores else attempt)
         if reason in RETRYABLE and slot.retries_left > 0 and slot.spares:
             slot.style = slot.spares.pop(0)
             slot.retries_left -= 1
             slot.outputs, slot.scores = [], []
             return
         slot.reason, slot.done = reason, True
+        slot.failed_text = "\n\n".join([*slot.outputs, answer]).strip()

@@ -6,7 +6,10 @@ clients) use, with the error shapes vLLM answers: 404 for an unknown model, 400 
 batcher thread collects the requests waiting at that moment (up to --max-batch, after a 20 ms
 gather window) into one generate() call, so concurrent clients share batches as they would
 on vLLM. It exists for tests, demos and machines without vLLM; --die-after and
---malformed-after make it fail on purpose, for failure tests.
+--malformed-after make it fail on purpose, for failure tests. With --script FILE it loads no
+model and answers as the file says (datapipe.llm.server.Script: a status, a text, a finish reason,
+a Retry-After, per matching prompt), after --latency-ms: the failure tests and the client
+benchmark (a server of fixed latency that never saturates) use it.
 """
 from __future__ import annotations
 
@@ -17,8 +20,10 @@ import queue
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from datapipe.llm.base import CONTEXT_OVERFLOW, BackendConfig, Completion, Request
 
@@ -60,6 +65,32 @@ class Batcher:
             future.set_result(completion)
 
 
+class Script:
+    """Scripted answers: a JSON list of rules, the first that matches a request answers it.
+
+    A rule: {"match": "a substring of the last user message" ("" or absent: any request),
+    "times": N (answer only the first N matches; absent: always), "status": 200, "text": "the
+    answer; {echo} is the user message after its last 'Text:' line", "finish_reason": "stop",
+    "retry_after": "1" (sent with the status)}. A request that no rule matches is echoed.
+    """
+
+    def __init__(self, rules: list[dict]):
+        self.rules, self.used, self.lock = rules, Counter(), threading.Lock()
+
+    def answer(self, request: Request) -> dict:
+        prompt = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
+        with self.lock:
+            for k, rule in enumerate(self.rules):
+                if rule.get("match", "") in prompt and self.used[k] < rule.get("times", float("inf")):
+                    self.used[k] += 1
+                    break
+            else:
+                rule = {}
+        echo = prompt.rsplit("Text:\n", 1)[-1].strip()
+        return {"status": 200, "text": "{echo}", "finish_reason": "stop", **rule,
+                "content": rule.get("text", "{echo}").replace("{echo}", echo)}
+
+
 class Handler(BaseHTTPRequestHandler):
     server: ModelServer
     protocol_version = "HTTP/1.1"
@@ -86,6 +117,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(404, error(f"The model `{body.get('model')}` does not exist.", "NotFoundError"))
         if self.server.count_request() == "malformed":
             return self.reply(200, b'{"id": "x", "choices": [{"message": ')
+        time.sleep(self.server.latency_s)
+        if self.server.script is not None:
+            return self.scripted(self.server.script.answer(request))
         try:
             completion = self.server.batcher.submit(request)
         except Exception as err:  # noqa: BLE001 - reported to the client as a server error, which it retries
@@ -98,9 +132,18 @@ class Handler(BaseHTTPRequestHandler):
                                          "BadRequestError"))
         self.reply(200, chat_completion(self.server.model_name, completion))
 
-    def reply(self, status: int, payload: dict | bytes) -> None:
+    def scripted(self, rule: dict) -> None:
+        if rule["status"] != 200:
+            headers = {"Retry-After": str(rule["retry_after"])} if rule.get("retry_after") is not None else {}
+            return self.reply(rule["status"], error(f"scripted HTTP {rule['status']}", "ScriptedError"), headers)
+        text = rule["content"]
+        self.answer(Completion(text=text, output_tokens=len(text.split()), finish_reason=rule["finish_reason"]))
+
+    def reply(self, status: int, payload: dict | bytes, headers: dict[str, str] | None = None) -> None:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -109,12 +152,15 @@ class Handler(BaseHTTPRequestHandler):
 
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 1024  # listen backlog: 64+ clients connect at once
 
-    def __init__(self, address, batcher: Batcher, model_name: str, die_after: int = 0, malformed_after: int = 0):
+    def __init__(self, address, batcher: Batcher | None, model_name: str, die_after: int = 0, malformed_after: int = 0):
         super().__init__(address, Handler)
         self.batcher, self.model_name = batcher, model_name
         self.die_after, self.malformed_after, self.served = die_after, malformed_after, 0
         self.lock = threading.Lock()
+        self.script: Script | None = None
+        self.latency_s = 0.0
 
     def count_request(self) -> str:
         """Failure tests: 'malformed' past --malformed-after; past --die-after the process exits
@@ -151,13 +197,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-context", type=int, default=None)
     parser.add_argument("--die-after", type=int, default=0, help="failure tests: exit at request N+1, like a crash")
     parser.add_argument("--malformed-after", type=int, default=0, help="failure tests: answer broken JSON from request N+1 on")
+    parser.add_argument("--script", type=Path, help="answer as this JSON file of rules says; no model is loaded")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="wait this long before each answer")
     args = parser.parse_args(argv)
-    from datapipe.llm.local import LocalBackend
+    batcher = None
+    if args.script is None:
+        from datapipe.llm.local import LocalBackend
 
-    backend = LocalBackend(BackendConfig(model=args.model, max_batch=args.max_batch, threads=args.threads,
-                                         max_context=args.max_context))
-    server = ModelServer((args.host, args.port), Batcher(backend, args.max_batch), args.served_name or args.model,
+        batcher = Batcher(LocalBackend(BackendConfig(model=args.model, max_batch=args.max_batch, threads=args.threads,
+                                                     max_context=args.max_context)), args.max_batch)
+    server = ModelServer((args.host, args.port), batcher, args.served_name or args.model,
                          args.die_after, args.malformed_after)
+    server.script = Script(json.loads(args.script.read_text())) if args.script else None
+    server.latency_s = args.latency_ms / 1000
     print(f"serving {server.model_name} on http://{args.host}:{server.server_address[1]}/v1", flush=True)
     server.serve_forever()
 

@@ -3,21 +3,27 @@
 Each document gets K rewrites (default 2), each in a distinct style from the recipe's style
 library; a long document is rewritten chunk by chunk (~256 tokens each), every chunk with the
 previous rewritten chunk as context, and stitched back. Every rewritten chunk passes a fidelity
-gate (embedding cosine, numbers, names, length); a failure retries with a spare style, then the
-rewrite is rejected with the reason and its scores. The stage runs in a Ray actor pool that
-keeps the model (or the HTTP client) warm, and batches all chunks of a batch into one round.
+gate (datapipe.llm.fidelity: facts both ways, relations, negation, repeats, token cap, language,
+loops, cosine, an optional LLM judge); a failure retries with a spare style, then the rewrite is
+rejected under the failed check's name. The stage runs in a Ray actor pool that keeps the model
+(or the HTTP client) warm; within a batch every rewrite is its own coroutine (datapipe.llm.rewriter),
+so the backend stays busy: keep batch_size x rewrites above the backend's concurrency.
 
-Accounting: with keep_originals=false the original record becomes its first rewrite (same id,
-text replaced, provenance in notes["rephrase"]) and rewrites 2..K are new records whose
-derived_from names the original; so each input ends written or rejected, and each extra rewrite counts as
-created. With keep_originals=true the original passes unchanged and all K rewrites are created.
+Accounting, nothing dropped quietly: with keep_originals=false the original record becomes its
+first passing rewrite (same id, text replaced, provenance in notes["rephrase"]) and the other
+passing rewrites are new records whose derived_from names the original. When no rewrite passes
+(or the document is over max_chunks), the original is written unchanged (on_failure:
+keep_original) unless the recipe says on_failure: reject. Every failed rewrite is a created
+record rejected under its reason, its text the rewrite as far as it got, with every attempt's
+scores and answer in notes["rephrase"], so rejects.jsonl shows what the gate refused.
+With keep_originals=true the original passes unchanged and all K rewrites are created.
 """
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -47,12 +53,13 @@ class Config(StageConfig):
     context_chunks: int = Field(1, ge=0)  # previous rewritten chunks shown with each chunk; 0 = independent chunks
     context_template: str = CONTEXT_TEMPLATE  # {context}, then {text}: the style's prompt for this chunk
     max_new_tokens: int = Field(512, ge=1)  # cap per chunk (styles ask budget x chunk tokens)
-    max_chunks: int = Field(32, ge=1)  # longer documents (32 x 256 = 8K tokens) are not rewritten: rephrase.too_long
+    max_chunks: int = Field(512, ge=1)  # 512 x 256 = 128K tokens: long documents are rewritten whole; longer ones follow on_failure
+    on_failure: Literal["keep_original", "reject"] = "keep_original"  # no rewrite passed: write the original, or reject it
     style_retries: int = Field(1, ge=0)  # spare styles tried after a fidelity failure or an empty answer
     fidelity: FidelityConfig = FidelityConfig()
     math_sources: list[str] = Field(default_factory=list)  # sources whose documents take the math styles (so do meta.domain == "math")
     kinds: list[str] = Field(default_factory=lambda: ["text"])  # other kinds (code, svg...) and documents with media pass untouched
-    batch_size: int = 16  # documents per batch; all their chunks go out together each round
+    batch_size: int = 64  # documents per batch: 64 x 2 rewrites keep a concurrency of 64 busy until the batch's tail
 
     @model_validator(mode="after")
     def _needs_styles(self) -> Config:
@@ -82,8 +89,10 @@ def make_stage(cfg: Config, backend=None, embedder=None) -> Callable[[list[Docum
         embedder = None
     elif embedder is None:
         embedder = make_embedder()
+    judge = cfg.fidelity.judge
+    judge_backend = make_backend(judge.backend) if judge is not None and judge.backend is not None else None
     rewriter = Rewriter(backend, embedder, RewriteSettings(cfg.fidelity, cfg.context_template, cfg.context_chunks,
-                                                           cfg.max_new_tokens))
+                                                           cfg.max_new_tokens), judge_backend)
     provenance = {"backend": backend.name, "model": backend.model}
 
     def rephrase(docs: list[Document]) -> list[Document]:
@@ -91,6 +100,7 @@ def make_stage(cfg: Config, backend=None, embedder=None) -> Callable[[list[Docum
         rewriter.run([slot for plan in plans for slot in plan.slots])
         return [record for doc, plan in zip(docs, plans) for record in records_of(doc, plan, cfg, provenance)]
 
+    rephrase.rewriter = rewriter  # its .stats: the last batch's requests in flight (bench/rephrase_client.py)
     return rephrase
 
 
@@ -120,27 +130,35 @@ def plan_document(doc: Document, cfg: Config, styles: list[StyleConfig], count) 
 
 
 def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list[Document]:
-    """The original (rewritten, kept or rejected) followed by its created rewrites."""
+    """The original (rewritten, kept or rejected) followed by its created rewrites, failed ones included."""
     if plan.untouched:
         return [doc]
     if plan.skip:
         doc["notes"]["rephrase"] = {"skipped": plan.skip}
-        if plan.skip == "empty_text" or not cfg.keep_originals:
+        if plan.skip == "empty_text" or cfg.on_failure == "reject":
             doc["reject"] = f"rephrase.{plan.skip}"
         return [doc]
-    created = [derived_record(doc, i) for i in range(1 if not cfg.keep_originals else 0, len(plan.slots))]
-    if cfg.keep_originals:
-        doc["notes"]["rephrase"] = {"role": "original", "rewrites": [r["id"] for r in created]}
-        targets = created
+    passed = [slot for slot in plan.slots if not slot.reason]
+    failed = [slot for slot in plan.slots if slot.reason]
+    first = 0 if cfg.keep_originals or not passed else 1  # the original itself is rewrite 0
+    created = []
+    for i, slot in enumerate(passed[first:] + failed, start=first):
+        created.append(derived_record(doc, i))
+        apply_slot(created[-1], slot, i, doc["id"], provenance)
+    if passed and not cfg.keep_originals:
+        apply_slot(doc, passed[0], 0, doc["id"], provenance)
+    elif cfg.keep_originals or cfg.on_failure == "keep_original":
+        doc["notes"]["rephrase"] = {"role": "original", "rewrites": [r["id"] for r in created],
+                                    **({"no_rewrite_passed": [s.reason for s in failed]} if not passed else {})}
     else:
-        targets = [doc] + created
-    for i, (record, slot) in enumerate(zip(targets, plan.slots)):
-        apply_slot(record, slot, i, doc["id"], provenance)
+        doc["reject"] = f"rephrase.{failed[0].reason}"
+        doc["notes"]["rephrase"] = {"role": "original", "rewrites": [r["id"] for r in created]}
     return [doc] + created
 
 
 def derived_record(doc: Document, index: int) -> Document:
-    record = copy.deepcopy({**doc, "tokens": [], "media": []})
+    """A new record from `doc`; it starts its own stage history (the stages before were counted on doc)."""
+    record = copy.deepcopy({**doc, "tokens": [], "media": [], "transforms": [], "bytes_in": {}})
     record["id"] = f"{doc['id']}#rephrase{index}"
     record["derived_from"] = doc["id"]
     return record
@@ -154,5 +172,6 @@ def apply_slot(record: Document, slot: Slot, index: int, source_id: str, provena
     }
     if slot.reason:
         record["reject"] = f"rephrase.{slot.reason}"
+        record["text"] = slot.failed_text
     else:
         record["text"] = stitch(slot.outputs, slot.chunks)

@@ -1,0 +1,102 @@
+"""Does the rephrase stage keep an OpenAI-compatible server full? Requests in flight and requests/s.
+
+The project's own server (`python -m datapipe.llm.server --script`) answers every request after a
+fixed --latency-ms (300) with the chunk it was sent, so the server is never the bottleneck and
+an ideal client holds `concurrency` requests in flight: concurrency / latency requests/s. The
+whole stage runs (chunking, context, the gate with MiniLM cosine, retries, records; no Ray) on
+real web documents (../shared/data/web_text; else the recipe's sample facts) with --concurrency
+(64). The peer, in the same run on the same documents, is the client before issue 21: rounds,
+each sending every document's next chunk at once and waiting for the slowest.
+Target (issue 21): mean in flight >= 0.9 x concurrency, requests/s >= 0.9 x concurrency / latency.
+
+    .venv/bin/python bench/rephrase_client.py [--docs 256] [--concurrency 64] [--latency-ms 300]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.rephrase import SHARED, load_texts  # noqa: E402
+from tests.llm_helpers import start_server, stop_server  # noqa: E402
+
+STYLE = {"name": "plain", "system": "Rewrite the text.", "prompt": "Text:\n{text}", "temperature": 0.0}
+
+
+def run_stage(url: str, texts: list[str], args) -> dict:
+    from datapipe.schema import new_document
+    from datapipe.text.rephrase import Config, make_stage
+
+    cfg = Config(stage="rephrase", styles=[STYLE], rewrites=1, chunk_tokens=args.chunk_tokens,
+                 fidelity={"max_overlap": 1.0, **({"min_cosine": None} if args.no_cosine else {})},
+                 backend={"type": "openai", "base_url": url, "concurrency": args.concurrency})
+    stage = make_stage(cfg)
+    docs = [new_document("bench", str(i), text) for i, text in enumerate(texts)]
+    started = time.perf_counter()
+    out = stage(docs)
+    seconds = time.perf_counter() - started
+    flight = stage.rewriter.stats
+    return {"requests": flight["requests"], "seconds": round(seconds, 2), "mean_in_flight": flight["mean_in_flight"],
+            "peak_in_flight": flight["peak_in_flight"], "requests_per_s": round(flight["requests"] / seconds, 1),
+            "written": sum(not d["reject"] for d in out)}
+
+
+def run_rounds(url: str, texts: list[str], args) -> dict:
+    """The peer: every document's chunk k in one round, the round waits for its slowest request."""
+    from datapipe.llm.base import BackendConfig, Request
+    from datapipe.llm.chunking import split_chunks
+    from datapipe.llm.openai_http import OpenAIBackend
+
+    backend = OpenAIBackend(BackendConfig(type="openai", base_url=url, concurrency=args.concurrency))
+    chunks = [split_chunks(text, args.chunk_tokens, backend.count_tokens) for text in texts]
+    started, requests, k = time.perf_counter(), 0, 0
+    while batch := [doc[k] for doc in chunks if k < len(doc)]:
+        for start in range(0, len(batch), args.concurrency):  # concurrency threads, as the old pool had
+            backend.generate([Request([{"role": "user", "content": f"Text:\n{c}"}], 64)
+                              for c in batch[start : start + args.concurrency]])
+        requests, k = requests + len(batch), k + 1
+    seconds = time.perf_counter() - started
+    return {"requests": requests, "seconds": round(seconds, 2), "requests_per_s": round(requests / seconds, 1),
+            "mean_in_flight": round(requests / seconds * args.latency_ms / 1000, 2)}  # Little's law
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--latency-ms", type=float, default=300.0)
+    parser.add_argument("--chunk-tokens", type=int, default=128)
+    parser.add_argument("--no-cosine", action="store_true", help="the gate without the MiniLM embedder")
+    parser.add_argument("--no-compare", action="store_true", help="skip the round-based peer")
+    args = parser.parse_args()
+    texts, origin = load_texts(args.docs, SHARED)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as script:
+        script.write("[]")  # no rules: every request is answered with its own chunk
+        script.flush()
+        process, url = start_server("--script", script.name, "--latency-ms", str(args.latency_ms))
+        try:
+            ours = run_stage(url, texts, args)
+            peer = None if args.no_compare else run_rounds(url, texts, args)
+        finally:
+            stop_server(process)
+    ideal = args.concurrency / (args.latency_ms / 1000)
+    result = {"data": origin, "docs": len(texts), "concurrency": args.concurrency, "latency_ms": args.latency_ms,
+              "ideal_requests_per_s": round(ideal, 1), "stage": ours, "rounds": peer}
+    print(json.dumps(result, indent=1))
+    line = {"concurrency": args.concurrency, "latency_ms": args.latency_ms, "requests": ours["requests"],
+            "mean_in_flight": ours["mean_in_flight"], "in_flight_share": round(ours["mean_in_flight"] / args.concurrency, 3),
+            "requests_per_s": ours["requests_per_s"], "x_ideal": round(ours["requests_per_s"] / ideal, 3)}
+    if peer:
+        line["rounds_requests_per_s"] = peer["requests_per_s"]
+        line["x_vs_rounds"] = round(ours["requests_per_s"] / peer["requests_per_s"], 2)
+    print("bench rephrase_client: " + " ".join(f"{k}={v}" for k, v in line.items()))
+
+
+if __name__ == "__main__":
+    main()
