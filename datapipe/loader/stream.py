@@ -4,8 +4,9 @@ The loader reads a phase folder (manifest.json) or a run folder (run.json: the
 curriculum's phases in order, each until its token budget), from a local path or any
 fsspec URL. What a (rank, worker) reads, and in what order, is index arithmetic over
 the manifests (datapipe.loader.schedule): equal sample counts on every rank, shard order and a
-window shuffle from (seed, epoch). So the state is two integers, (epoch, position):
-`load_state_dict` then `iter` reads one shuffle window and skips into it, and the
+window shuffle from (seed, epoch). So the state is two integers, (epoch, position), and
+whether that epoch has ended (its position then stays at the end: "epoch 1 done" is not "epoch
+2 not begun"): `load_state_dict` then `iter` reads one shuffle window and skips into it, and the
 samples that follow are exactly those an uninterrupted run would have yielded next.
 
 Shards are mapped or read whole (or downloaded into an optional cache) `prefetch` ahead
@@ -87,6 +88,7 @@ class Stream:
         self.fingerprint = data_fingerprint(self.phases)  # in every state_dict (torchdata takes one a batch)
         check_options(self.options, self.place, self.phases)
         self.epoch, self.position = 0, 0
+        self.ended = False  # this object iterated `epoch` to its end: the next iter() starts the next epoch
         self.skipped: list[str] = []  # shards left out under on_error="skip", in the order met
         self.shard_pool: fetch.BufferPool | None = None  # memory for shards read (not mapped), made on the first iter()
         self.position_pool: fetch.BufferPool | None = None  # and for the position ids
@@ -121,12 +123,13 @@ class Stream:
                    for start, end in zip([0, *ends], ends))
 
     def set_epoch(self, epoch: int) -> None:
-        """Start `epoch` from its beginning, unless the loader is already inside it (after a resume)."""
-        if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
+        """Start `epoch` from its beginning, unless the loader is already inside it (after a resume,
+        even one saved at its very end: then that epoch yields nothing more)."""
+        if epoch != self.epoch or self.ended:
+            self.epoch, self.position, self.ended = epoch, 0, False
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, **self.identity()}
+        return {"epoch": self.epoch, "position": self.position, "ended": self.ended, **self.identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where `state` was saved. A state saved before shuffle_window was named so holds
@@ -138,7 +141,7 @@ class Stream:
                 raise ValueError(f"cannot resume: the state was saved with {key}={state.get(key)!r}, this loader has "
                                  f"{key}={value!r}; resume with the same data, seed, shuffle, shuffle_window, ranks, "
                                  "workers")
-        self.epoch, self.position = state["epoch"], state["position"]
+        self.epoch, self.position, self.ended = state["epoch"], state["position"], state.get("ended", False)
 
     def identity(self) -> dict[str, Any]:
         """What must not change across a resume for the order to be the same."""
@@ -147,6 +150,11 @@ class Stream:
                 "shuffle_window": options.shuffle_window, "data": self.fingerprint}
 
     def iterate_epoch(self) -> Iterator[PackedSample]:
+        """The rest of the current epoch. Once it is done the position stays at its end and `ended`
+        says so, so that a state saved then tells "epoch e done" from "epoch e+1 not begun" (the
+        torch adapter needs the first: torchdata/StreamDataset.load_state_dict)."""
+        if self.ended:
+            self.epoch, self.position, self.ended = self.epoch + 1, 0, False
         options = self.options
         segments = epoch_schedule(self.phases, self.place, options.seed, self.epoch, options.shuffle)
         todo = [w for w in windows(segments, self.place, options.seed, self.epoch, options.shuffle_window)
@@ -162,7 +170,8 @@ class Stream:
                     yield from self.in_batches(rows, phase_ends(segments))
             finally:
                 spans.close()
-        self.epoch, self.position = self.epoch + 1, 0
+        ends = phase_ends(segments)
+        self.position, self.ended = max(self.position, ends[-1] if ends else 0), True
 
     def in_order(self, spans: Iterator[Rows | list]) -> Iterator[Rows]:
         """The spans' rows in schedule order: as the prefetch threads made them, or decoded here."""
