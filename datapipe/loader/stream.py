@@ -58,7 +58,7 @@ from datapipe.loader.schedule import (
     window_order,
     windows,
 )
-from datapipe.loader.shardindex import ShardError, ShardIndex, parse_index, walk_index
+from datapipe.loader.shardindex import ShardError, ShardIndex, damaged_samples, parse_index, walk_index
 from datapipe.schema import PackedSample
 from datapipe.shardformat import MANIFEST, RUN_MANIFEST, member_field, phase_name, run_phases
 
@@ -73,6 +73,7 @@ class LoadedSpan(NamedTuple):
     layout: SpanLayout  # where the span's members lie, located and typed
     positions: SpanPositions | None  # the span's position ids, made when sliced; None: finish_samples derives them
     rows: Rows | None  # with batch_size, unshuffled: the span as columns (batches.span_rows), or None: decode it
+    damaged: list[int]  # the span's samples whose bytes fail their digest (shardindex.damaged_samples)
 
 
 class Stream:
@@ -161,6 +162,8 @@ class Stream:
                 if w[0] + w[1] > self.position]
         if todo:
             first = todo[0][0] if options.shuffle else self.position
+            if options.on_error == "raise":
+                self.check_present(spans_from(segments, first))
             spans = self.read_spans(spans_from(segments, first))
             rows = self.shuffled(todo, spans) if options.shuffle else self.in_order(spans)
             try:
@@ -264,6 +267,18 @@ class Stream:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
+    def check_present(self, spans: Iterator[Span]) -> None:
+        """Every local shard the rest of the epoch reads exists (a stat each), so a deleted shard
+        stops the run at the epoch's start, not after the samples before it went into training.
+        A remote shard found missing fails when it is downloaded."""
+        shards = dict.fromkeys((span.phase, span.shard) for span in spans)
+        locations = [fetch.join(self.phases[p].location, self.phases[p].shards[s]["name"]) for p, s in shards]
+        missing = [where for where in locations if not fetch.is_url(where) and not fetch.local_path(where).is_file()]
+        if missing:
+            raise ShardError(f"{len(missing)} shard(s) this loader reads are missing: {', '.join(missing[:3])}"
+                             f"{' ...' if len(missing) > 3 else ''}; copy the whole phase folder, or read with "
+                             "on_error='skip'")
+
     def load(self, span: Span, pool: fetch.BufferPool) -> LoadedSpan:
         """A prefetch thread's part of a span: the shard's bytes, its index (the writer's, else a
         walk over its tar headers), where the span's members lie and the position ids."""
@@ -282,10 +297,11 @@ class Stream:
         if self.options.fields is not None:
             layout.columns = {s: c for s, c in layout.columns.items() if member_field(s) in self.options.fields}
         options = self.options
+        damaged = damaged_samples(buffer, index, span.start, span.stop) if options.check_samples else []
         positions = span_positions(layout, self.position_pool) if options.position_ids else None
-        rows = span_rows(buffer, layout, options.position_ids, positions) if options.batch_size and not options.shuffle \
-            else None
-        return LoadedSpan(buffer, index, layout, positions, rows)
+        rows = span_rows(buffer, layout, options.position_ids, positions) \
+            if options.batch_size and not options.shuffle and not damaged else None
+        return LoadedSpan(buffer, index, layout, positions, rows, damaged)
 
     def load_index(self, phase: Phase, shard: dict[str, Any], location: str, cache: Path | None) -> ShardIndex | None:
         """The shard's index; None, so that its tar headers are walked, when it has none or a bad one
@@ -293,8 +309,8 @@ class Stream:
         entry = shard.get("index")
         if entry is None:
             return None
-        try:
-            data = fetch.load_shard(fetch.join(phase.location, entry["name"]), entry, cache, self.options.verify)
+        try:  # its sha256 always: an index is small (0.1 ms), and a flipped offset would misplace members unseen
+            data = fetch.load_shard(fetch.join(phase.location, entry["name"]), entry, cache, "sha256" in entry)
             return parse_index(memoryview(data), location, shard)
         except ShardError as err:
             log.warning("reading a shard by its tar headers: %s", err)
@@ -322,6 +338,7 @@ class Stream:
                 yield loaded.rows
             else:
                 samples = decode_samples(loaded.buffer, loaded.layout, location)
+                mark_damaged(samples, loaded, span.start, location)
                 produced = len(samples)
                 yield from self.finished(samples, loaded.positions, location)
             if loaded.index.error is not None:
@@ -335,6 +352,16 @@ class Stream:
             log.warning("skipping the rest of a shard: %s", err)
             self.skipped.append(location)
             yield [None] * (span.stop - span.start - produced)
+
+
+def mark_damaged(samples: list, loaded: LoadedSpan, start: int, location: str) -> None:
+    """The span's samples whose bytes fail their digest become BadSamples (raised, or skipped)."""
+    for number in loaded.damaged:
+        key = loaded.layout.keys[number - start]
+        samples[number - start] = BadSample(location, ShardError(
+            f"{location}: sample {key} differs from the digest its index records: its bytes changed after "
+            "they were written (a flipped bit, a damaged disk or copy); rewrite the shard, or read with "
+            "on_error='skip'"))
 
 
 def shards_per_window(phases: list[Phase], options: StreamOptions) -> int:
