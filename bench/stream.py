@@ -21,7 +21,9 @@ ids derived); "ours_same_work" decodes only what the peers decode (position_ids=
 "ours_shuffled", "ours_walk" (no index files: the tar headers walked, as shards of another
 writer come), "ours_batched" (batch_size=8: [8, seq_len] views of the mapped shard) and
 "ours_batched_arrays" (the same, fields= tokens, loss_mask, doc_lens: no json header) do the
-same work as ours_same_work. "webdataset" is `webdataset.WebDataset(urls, shardshuffle=False)
+same work as ours_same_work. "ours_unchecked" and "ours_batched_arrays_unchecked" are
+ours_same_work and ours_batched_arrays with check_samples=False: check_cost is the share of the
+loader's time the per-sample digest check takes (1 - checked rate / unchecked rate). "webdataset" is `webdataset.WebDataset(urls, shardshuffle=False)
 .decode()`, its documented decoder (numpy's .npy reader, json); "streaming" is
 `streaming.StreamingDataset(local=mds, batch_size=8)`: both decode tokens, doc_lens,
 loss_mask and the json header of every sample, as ours does. "raw_cold" and "ours_cold"
@@ -59,6 +61,10 @@ OURS = {  # loader name -> datapipe.stream options
     "ours_batched": {"batch_size": BATCH, "position_ids": False},
     "ours_batched_arrays": {"batch_size": BATCH, "position_ids": False, "fields": ARRAYS},
     "ours_walk": {"position_ids": False}, "ours_cold": {"position_ids": False},
+    # the per-sample digest check off: what it costs ours_same_work and ours_batched_arrays
+    "ours_unchecked": {"position_ids": False, "check_samples": False},
+    "ours_batched_arrays_unchecked": {"batch_size": BATCH, "position_ids": False, "fields": ARRAYS,
+                                      "check_samples": False},
 }
 PEERS = ("webdataset", "streaming")
 COLD = ("raw_cold", "ours_cold")  # read from disk: timed with collection on only
@@ -294,6 +300,8 @@ def report(rates: dict[str, float], loads: list[float], resume: float, seq_len: 
           + " ".join(f"{name.removeprefix('ours_')}_frac_of_raw={rates[name + '@on'] / raw:.2f}"
                      for name in OURS if name not in ("ours", "ours_cold"))
           + f" cold_frac_of_raw={x('ours_cold@on', 'raw_cold')} resume_s={resume:.3f} "
+          f"check_cost={1 - rates['ours_same_work@on'] / rates['ours_unchecked@on']:.3f} "
+          f"check_cost_batched={1 - rates['ours_batched_arrays@on'] / rates['ours_batched_arrays_unchecked@on']:.3f} "
           f"seq_len={seq_len} samples={n} load={min(loads):.1f}-{max(loads):.1f}")
 
 

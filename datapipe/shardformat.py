@@ -25,7 +25,12 @@ size and sha256) holds the keys of its samples and, per member suffix, their sam
 numbers, data offsets and sizes (a list, or a progression {start, step, count}:
 index_part), and the dtype and header size of each .npy column of one layout. It names
 the shard's size and sha256, so it never passes for another version of the shard. Other
-readers never open it: the tars stay plain WebDataset.
+readers never open it: the tars stay plain WebDataset. Since the writer of this version it
+also holds every sample's byte range ("bounds": samples + 1 offsets, a sample's members
+lying together from its first tar header to its last member's padding) and its digest
+("digests": sample_digest of those bytes, 16 hex digits a sample, one string), which the
+loader checks as it reads each sample: a flipped bit fails its sample, at xxh3's pace (tens
+of GB/s of one core, with the GIL released) where a shard's sha256 runs at about 1.5.
 """
 from __future__ import annotations
 
@@ -49,6 +54,13 @@ INDEX_FORMAT = "datapipe-index/2"  # 2: a column's list may be a progression (in
 
 READABLE_FORMATS = ("datapipe-index/1", INDEX_FORMAT)
 IMAGE_SUFFIXES = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff")
+
+
+def sample_digest(data) -> int:
+    """A sample's digest as the index keeps it: xxh3 (64 bits) of its bytes in the shard."""
+    import xxhash
+
+    return xxhash.xxh3_64_intdigest(data)
 
 
 def run_phases(run: dict[str, Any]) -> list[dict[str, Any]]:

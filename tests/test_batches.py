@@ -142,7 +142,7 @@ def test_a_bad_sample_in_a_batch_is_raised_or_left_out(tmp_path, text_stage, on_
 
     folder = shutil.copytree(text_stage, tmp_path / "main")
     damage(folder / "shard-000001.tar", json_offsets(folder, "shard-000001.tar")[3], b"{{{{")
-    loader = stream(folder, batch_size=4, on_error=on_error)
+    loader = stream(folder, batch_size=4, on_error=on_error, check_samples=False)  # the decoder's own check
     if on_error == "raise":
         with pytest.raises(ShardError, match=r"shard-000001\.tar: member .*\.json does not decode"):
             list(loader)

@@ -248,8 +248,10 @@ def test_remote_bad_shards_are_named_by_url(stage_copy):
     with serve(stage_copy.parent) as url:
         with pytest.raises(ShardError, match=r"/main/shard-000001\.tar: sha256 differs"):
             list(stream(f"{url}/main", verify=True))
-        with pytest.raises(ShardError, match=r"/main/shard-000004\.tar: shard listed in the manifest is missing"):
+        with pytest.raises(ShardError, match=r"/main/shard-000001\.tar: sample \S+ differs from the digest"):
             list(stream(f"{url}/main"))
+        with pytest.raises(ShardError, match=r"/main/shard-000004\.tar: shard listed in the manifest is missing"):
+            list(stream(f"{url}/main", check_samples=False))
 
 
 def test_missing_remote_folder_says_what_is_wrong(http_url):
@@ -394,9 +396,10 @@ def test_a_missing_index_file_is_walked_around(stage_copy, caplog):
     assert "reading a shard by its tar headers" in caplog.text and "shard-000000.index.json" in caplog.text
 
 
-def edit_last_offset(path, suffix, new_offset):
+def edit_last_offset(path, suffix, new_offset, pinned=True):
     """Replace the last data offset of a column in an index file (written out as lists) by `new_offset`;
-    the manifest gets the file's new size, not its sha256: as if edited in place to the same size."""
+    the manifest gets the file's new size, not its sha256: as if edited in place to the same size.
+    pinned=False: the manifest lists no sha256 for the index, so only its bounds can catch it."""
     index = json.loads(path.read_text())
     columns = index_columns(index)
     columns[suffix][1][-1] = int(new_offset(str(columns[suffix][1][-1])))
@@ -405,6 +408,8 @@ def edit_last_offset(path, suffix, new_offset):
     for shard in manifest["shards"]:
         if shard["index"]["name"] == path.name:
             shard["index"]["bytes"] = path.stat().st_size
+            if not pinned:
+                del shard["index"]["sha256"]
     (path.parent / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -417,6 +422,11 @@ def test_a_tampered_index_is_caught_by_verify_or_its_bounds(stage_copy, caplog):
         assert_same_samples(list(stream(stage_copy, verify=True)), reference)
     assert "shard-000003.index.json: sha256 differs" in caplog.text
     caplog.clear()
+    with caplog.at_level("WARNING"):  # an index's sha256 is checked by default too: it is small
+        assert_same_samples(list(stream(stage_copy)), reference)
+    assert "shard-000003.index.json: sha256 differs" in caplog.text
+    caplog.clear()
+    edit_last_offset(path, "tokens.npy", lambda offset: offset, pinned=False)
     with caplog.at_level("WARNING"):
         assert_same_samples(list(stream(stage_copy)), reference)
     assert "shard-000003.tar: its index does not match it (it points outside the shard" in caplog.text
@@ -424,7 +434,8 @@ def test_a_tampered_index_is_caught_by_verify_or_its_bounds(stage_copy, caplog):
 
 def test_an_index_offset_off_the_tar_blocks_is_not_used(stage_copy, caplog):
     path = stage_copy / "shard-000003.index.json"
-    edit_last_offset(path, "json", lambda offset: offset[:-1] + str((int(offset[-1]) + 1) % 10))  # moved < 512 bytes
+    edit_last_offset(path, "json", lambda offset: offset[:-1] + str((int(offset[-1]) + 1) % 10),  # moved < 512 bytes
+                     pinned=False)
     with caplog.at_level("WARNING"):
         assert_same_samples(list(stream(stage_copy)), list(read_shards(stage_copy)))
     assert "shard-000003.tar: its index does not match it (it points outside the shard" in caplog.text
@@ -435,13 +446,13 @@ def test_a_member_that_does_not_decode_fails_only_its_sample(stage_copy):
     numbers, offsets, _ = index_columns(index)["json"]
     bad_key = index["keys"][numbers[2]]
     damage(stage_copy / "shard-000002.tar", offsets[2], b"{{{{")  # same size, not JSON any more
-    loader = stream(stage_copy)
+    loader = stream(stage_copy, check_samples=False)  # the decoder's own check, as for shards without digests
     got = []
     with pytest.raises(ShardError, match=rf"shard-000002\.tar: member {bad_key}\.json does not decode"):
         for sample in loader:
             got.append(sample["key"])
     assert got[-1] == index["keys"][numbers[1]]  # everything before it came
-    skipping = stream(stage_copy, on_error="skip")
+    skipping = stream(stage_copy, on_error="skip", check_samples=False)
     assert keys(skipping) == [key for key in json_keys(stage_copy) if key != bad_key]
     assert skipping.skipped == [str(stage_copy / "shard-000002.tar")]
 
@@ -454,15 +465,42 @@ def json_keys(folder):
 
 def test_verify_catches_a_flipped_byte_that_keeps_the_size(stage_copy):
     damage(stage_copy / "shard-000001.tar", 512 + 200, b"\x00\x01")  # inside the first tokens array
-    assert len(list(stream(stage_copy))) == read_manifest(stage_copy)["samples"]  # unnoticed without verify
+    assert len(list(stream(stage_copy, check_samples=False))) == read_manifest(stage_copy)["samples"]  # unnoticed
     with pytest.raises(ShardError, match=r"shard-000001\.tar: sha256 differs"):
         list(stream(stage_copy, verify=True))
 
 
+def member_offset(folder, shard, suffix, number):
+    """Where member `suffix` of the shard's sample `number` starts, from its index file."""
+    numbers, offsets, _ = index_columns(json.loads((folder / shard.replace(".tar", ".index.json")).read_text()))[suffix]
+    return offsets[numbers.index(number)]
+
+
+@pytest.mark.parametrize("where", ["tokens", "tar header", "json"])
+def test_a_flipped_byte_fails_its_sample_by_default(stage_copy, where):
+    """Without verify: each sample's bytes (tar headers, members, padding) against the digest the writer indexed."""
+    at = {"tokens": member_offset(stage_copy, "shard-000001.tar", "tokens.npy", 2) + 300,
+          "tar header": member_offset(stage_copy, "shard-000001.tar", "json", 2) - 512 + 140,  # the mtime field
+          "json": member_offset(stage_copy, "shard-000001.tar", "json", 2) + 2}[where]
+    with open(stage_copy / "shard-000001.tar", "r+b") as shard:  # a flipped bit that leaves valid JSON
+        shard.seek(at)
+        byte = shard.read(1)[0]
+        shard.seek(at)
+        shard.write(bytes([byte ^ (1 if where != "json" else 0x20)]))  # json: '"' (0x22) becomes a '\x02'
+    bad_key = json.loads((stage_copy / "shard-000001.index.json").read_text())["keys"][2]
+    with pytest.raises(ShardError, match=rf"shard-000001\.tar: sample {bad_key} differs from the digest"):
+        list(stream(stage_copy))
+    assert keys(stream(stage_copy, on_error="skip")) == [key for key in json_keys(stage_copy) if key != bad_key]
+
+
 def test_missing_shard_error_names_it(stage_copy):
     (stage_copy / "shard-000004.tar").unlink()
-    with pytest.raises(ShardError, match=r"shard-000004\.tar: shard listed in the manifest is missing"):
-        list(stream(stage_copy))
+    with pytest.raises(ShardError, match=r"1 shard\(s\) this loader reads are missing: \S+shard-000004\.tar;"):
+        next(iter(stream(stage_copy)))  # at the start, not when iteration reaches it (after 4 shards)
+    skipping = stream(stage_copy, on_error="skip")
+    manifest = read_manifest(stage_copy)
+    assert len(keys(skipping)) == manifest["samples"] - manifest["shards"][4]["samples"]
+    assert skipping.skipped == [str(stage_copy / "shard-000004.tar")]
 
 
 def test_skip_policy_leaves_out_bad_shards_and_lists_them(stage_copy):
@@ -684,7 +722,7 @@ def test_damaged_doc_lens_fail_only_their_sample(stage_copy):
     header = index["arrays"]["doc_lens.npy"]["header"]
     damage(stage_copy / "shard-000002.tar", offsets[1] + header, np.int32(10**6).tobytes())  # same size
     with pytest.raises(ShardError, match=rf"shard-000002\.tar: sample {bad_key}: doc_lens .* are not pieces"):
-        list(stream(stage_copy))
+        list(stream(stage_copy, check_samples=False))  # the decoder's own check, as for shards without digests
     assert keys(stream(stage_copy, on_error="skip")) == [key for key in json_keys(stage_copy) if key != bad_key]
 
 

@@ -1,4 +1,5 @@
 """The torch adapter under torchdata's StatefulDataLoader: exact resume with and without worker processes."""
+import copy
 import random
 
 import numpy as np
@@ -71,6 +72,60 @@ def test_resume_with_two_workers(stage):
         dataset, loader = make_loader(stage, 2, rank=1, world_size=2)
         loader.load_state_dict(state)
         assert head + [b["keys"] for b in loader] == reference, f"cut after {cut} batches"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """16 samples: rank 1 of 2 reads 8, split 8 / 4+4 / 2+3+3 by 0-1, 2 and 3 workers."""
+    folder = tmp_path_factory.mktemp("torch_small") / "main"
+    assert len(write_run(folder, n_docs=44, per_shard=3)) == 16
+    return folder
+
+
+def small_loader(stage, num_workers, batch_size, drop_last, batched):
+    """Batches collated by the DataLoader, or with `batched` made by the loader; workers forked."""
+    options = {"rank": 1, "world_size": 2, "shuffle": True, "seed": 3, "shuffle_window": 3}
+    context = "fork" if num_workers else None
+    if batched:
+        dataset = StreamDataset(stage, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers, **options)
+        return dataset, StatefulDataLoader(dataset, batch_size=None, num_workers=num_workers,
+                                           collate_fn=packed_batch, multiprocessing_context=context)
+    dataset = StreamDataset(stage, **options)
+    return dataset, StatefulDataLoader(dataset, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers,
+                                       collate_fn=collate_packed, multiprocessing_context=context)
+
+
+def save_points(dataset, loader, epochs):
+    """Keys batch by batch over `epochs`, and a saved state at every point a trainer could save at:
+    before the first batch, after each batch, and after each epoch's loop (as (batches so far,
+    the epoch a trainer resumes at, state))."""
+    keys, points = [], [(0, 0, loader.state_dict())]
+    for epoch in range(epochs):
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            keys.append(batch["keys"])
+            points.append((len(keys), epoch, copy.deepcopy(loader.state_dict())))
+        points.append((len(keys), epoch + 1, copy.deepcopy(loader.state_dict())))
+    return keys, points
+
+
+# 4 divides the 8 and 4+4 shares, not 2+3+3; 3 divides only the 3s: every worker count meets a
+# short last batch, kept or dropped (with 3 workers and drop_last, batches of 4 leave none at all)
+RESUME_CASES = [(3, False, False), (3, True, False), (4, False, False), (4, True, False), (4, True, True)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_resume_at_every_save_point_of_two_epochs(small, num_workers):
+    """The issue's case: a worker whose share of the epoch is done, restored, was asked for a batch
+    and gave the next epoch's (its state said epoch+1, position 0)."""
+    for batch_size, drop_last, batched in RESUME_CASES:
+        setting = (small, num_workers, batch_size, drop_last, batched)
+        reference, points = save_points(*small_loader(*setting), epochs=2)
+        for cut, epoch, state in points:
+            dataset, loader = small_loader(*setting)
+            loader.load_state_dict(state)
+            assert reference[:cut] + batches(dataset, loader, range(epoch, 2)) == reference, \
+                f"batch_size={batch_size} drop_last={drop_last} batched={batched}: saved after {cut} batches"
 
 
 @pytest.mark.parametrize("position_ids", [True, False])  # False: collate derives them itself

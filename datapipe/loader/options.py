@@ -24,6 +24,7 @@ class StreamOptions:
     shuffle_window: int | None = None  # samples a window; None: what fits in 64 MiB (~2K at 8K tokens, 255 at 64K)
     loop: bool = False  # False: one iter() is one epoch; True: epochs follow each other forever
     verify: bool = False  # check each shard's sha256 (about 1.5 GB/s of one core, in the prefetch threads)
+    check_samples: bool = True  # check each sample's bytes against its xxh3 digest in the index (prefetch threads)
     on_error: str = "raise"  # "raise": a bad shard stops with its name; "skip": leave it out and log it
     cache_dir: str | None = None  # keep downloaded shards here; None: remote shards stay in memory only
     prefetch: int = 2  # shards read ahead of the one being decoded (shuffled: plus a window), in threads

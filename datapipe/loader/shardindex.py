@@ -8,7 +8,8 @@ tar headers are walked (a 512-byte header, then the data padded to 512, the next
 about 14 us of Python a sample of four members on our 2-core box, the headers' checksums then
 checked in one numpy pass. Damage ends a walk: the samples before it stay readable and the
 index says what happened. An index file is trusted as far as the manifest entry that pins
-its size and sha256: it is checked for shape and bounds, not against the tar headers.
+its size and sha256 (the loader checks both): it is checked for shape and bounds, not against
+the tar headers. Its sample digests (damaged_samples) check each sample's bytes as it is read.
 Decoding the members is datapipe.loader.decode's job.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from datapipe.shardformat import READABLE_FORMATS
+from datapipe.shardformat import READABLE_FORMATS, sample_digest
 
 try:
     from orjson import loads as json_loads  # 3-5x faster than json on index files and sample headers
@@ -44,6 +45,7 @@ class ShardIndex:
     error: ShardError | None = None  # the walk stopped here (damage): `keys` are the samples before it
     arrays: dict[str, tuple[np.dtype, int]] = field(default_factory=dict)  # .npy suffix -> (dtype, header bytes)
     more: bool = False  # a walk stopped at its `stop` with samples after it
+    digests: tuple[np.ndarray, np.ndarray] | None = None  # each sample's byte bounds (n + 1) and xxh3; None: unknown
 
 
 def walk_index(buffer, shard: str, stop: int | None = None) -> ShardIndex:
@@ -145,9 +147,32 @@ def parse_index(data: bytes | str, shard: str, entry: dict[str, Any]) -> ShardIn
         counts, table = member_table(index, len(keys))
         columns = checked_columns(counts, table, len(keys), entry["bytes"])
         arrays = {suffix: array_layout(layout) for suffix, layout in index.get("arrays", {}).items()}
+        digests = digest_table(index, len(keys), entry["bytes"]) if "digests" in index else None
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError, MemoryError) as err:
         raise ShardError(f"{shard}: its index does not match it ({err}); {REINDEX}") from None
-    return ShardIndex(keys, columns, arrays=arrays)
+    return ShardIndex(keys, columns, arrays=arrays, digests=digests)
+
+
+def digest_table(index: dict[str, Any], samples: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """An index's sample bounds (samples + 1 offsets, rising, inside the shard) and digests."""
+    bounds = part_values(index["bounds"])
+    digests = np.frombuffer(bytes.fromhex(index["digests"]), dtype=">u8")
+    if len(bounds) != samples + 1 or len(digests) != samples or bounds.min() < 0 or bounds.max() > length or \
+            (np.diff(bounds) < 0).any():
+        raise ValueError("its sample bounds or digests do not fit the shard")
+    return bounds, digests
+
+
+def damaged_samples(buffer, index: ShardIndex, start: int, stop: int) -> list[int]:
+    """The samples start..stop-1 whose bytes (tar headers, members, padding) differ from the digest
+    the writer recorded: a flipped bit, a damaged disk. About 4 us a sample at 8K tokens (40 KB) of
+    a prefetch thread, which xxh3 runs without the GIL. None for an index without digests."""
+    if index.digests is None:
+        return []
+    view = memoryview(as_array(buffer))
+    bounds, digests = index.digests[0][start : stop + 1].tolist(), index.digests[1][start:stop].tolist()
+    return [start + number for number, (lo, hi, digest) in enumerate(zip(bounds, bounds[1:], digests))
+            if sample_digest(view[lo:hi]) != digest]
 
 
 def member_table(index: dict[str, Any], samples: int) -> tuple[dict[str, int], np.ndarray]:

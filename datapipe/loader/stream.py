@@ -4,8 +4,9 @@ The loader reads a phase folder (manifest.json) or a run folder (run.json: the
 curriculum's phases in order, each until its token budget), from a local path or any
 fsspec URL. What a (rank, worker) reads, and in what order, is index arithmetic over
 the manifests (datapipe.loader.schedule): equal sample counts on every rank, shard order and a
-window shuffle from (seed, epoch). So the state is two integers, (epoch, position):
-`load_state_dict` then `iter` reads one shuffle window and skips into it, and the
+window shuffle from (seed, epoch). So the state is two integers, (epoch, position), and
+whether that epoch has ended (its position then stays at the end: "epoch 1 done" is not "epoch
+2 not begun"): `load_state_dict` then `iter` reads one shuffle window and skips into it, and the
 samples that follow are exactly those an uninterrupted run would have yielded next.
 
 Shards are mapped or read whole (or downloaded into an optional cache) `prefetch` ahead
@@ -57,7 +58,7 @@ from datapipe.loader.schedule import (
     window_order,
     windows,
 )
-from datapipe.loader.shardindex import ShardError, ShardIndex, parse_index, walk_index
+from datapipe.loader.shardindex import ShardError, ShardIndex, damaged_samples, parse_index, walk_index
 from datapipe.schema import PackedSample
 from datapipe.shardformat import MANIFEST, RUN_MANIFEST, member_field, phase_name, run_phases
 
@@ -72,6 +73,7 @@ class LoadedSpan(NamedTuple):
     layout: SpanLayout  # where the span's members lie, located and typed
     positions: SpanPositions | None  # the span's position ids, made when sliced; None: finish_samples derives them
     rows: Rows | None  # with batch_size, unshuffled: the span as columns (batches.span_rows), or None: decode it
+    damaged: list[int]  # the span's samples whose bytes fail their digest (shardindex.damaged_samples)
 
 
 class Stream:
@@ -87,6 +89,7 @@ class Stream:
         self.fingerprint = data_fingerprint(self.phases)  # in every state_dict (torchdata takes one a batch)
         check_options(self.options, self.place, self.phases)
         self.epoch, self.position = 0, 0
+        self.ended = False  # this object iterated `epoch` to its end: the next iter() starts the next epoch
         self.skipped: list[str] = []  # shards left out under on_error="skip", in the order met
         self.shard_pool: fetch.BufferPool | None = None  # memory for shards read (not mapped), made on the first iter()
         self.position_pool: fetch.BufferPool | None = None  # and for the position ids
@@ -121,12 +124,13 @@ class Stream:
                    for start, end in zip([0, *ends], ends))
 
     def set_epoch(self, epoch: int) -> None:
-        """Start `epoch` from its beginning, unless the loader is already inside it (after a resume)."""
-        if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
+        """Start `epoch` from its beginning, unless the loader is already inside it (after a resume,
+        even one saved at its very end: then that epoch yields nothing more)."""
+        if epoch != self.epoch or self.ended:
+            self.epoch, self.position, self.ended = epoch, 0, False
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, **self.identity()}
+        return {"epoch": self.epoch, "position": self.position, "ended": self.ended, **self.identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume where `state` was saved. A state saved before shuffle_window was named so holds
@@ -138,7 +142,7 @@ class Stream:
                 raise ValueError(f"cannot resume: the state was saved with {key}={state.get(key)!r}, this loader has "
                                  f"{key}={value!r}; resume with the same data, seed, shuffle, shuffle_window, ranks, "
                                  "workers")
-        self.epoch, self.position = state["epoch"], state["position"]
+        self.epoch, self.position, self.ended = state["epoch"], state["position"], state.get("ended", False)
 
     def identity(self) -> dict[str, Any]:
         """What must not change across a resume for the order to be the same."""
@@ -147,12 +151,19 @@ class Stream:
                 "shuffle_window": options.shuffle_window, "data": self.fingerprint}
 
     def iterate_epoch(self) -> Iterator[PackedSample]:
+        """The rest of the current epoch. Once it is done the position stays at its end and `ended`
+        says so, so that a state saved then tells "epoch e done" from "epoch e+1 not begun" (the
+        torch adapter needs the first: torchdata/StreamDataset.load_state_dict)."""
+        if self.ended:
+            self.epoch, self.position, self.ended = self.epoch + 1, 0, False
         options = self.options
         segments = epoch_schedule(self.phases, self.place, options.seed, self.epoch, options.shuffle)
         todo = [w for w in windows(segments, self.place, options.seed, self.epoch, options.shuffle_window)
                 if w[0] + w[1] > self.position]
         if todo:
             first = todo[0][0] if options.shuffle else self.position
+            if options.on_error == "raise":
+                self.check_present(spans_from(segments, first))
             spans = self.read_spans(spans_from(segments, first))
             rows = self.shuffled(todo, spans) if options.shuffle else self.in_order(spans)
             try:
@@ -162,7 +173,8 @@ class Stream:
                     yield from self.in_batches(rows, phase_ends(segments))
             finally:
                 spans.close()
-        self.epoch, self.position = self.epoch + 1, 0
+        ends = phase_ends(segments)
+        self.position, self.ended = max(self.position, ends[-1] if ends else 0), True
 
     def in_order(self, spans: Iterator[Rows | list]) -> Iterator[Rows]:
         """The spans' rows in schedule order: as the prefetch threads made them, or decoded here."""
@@ -255,6 +267,18 @@ class Stream:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
+    def check_present(self, spans: Iterator[Span]) -> None:
+        """Every local shard the rest of the epoch reads exists (a stat each), so a deleted shard
+        stops the run at the epoch's start, not after the samples before it went into training.
+        A remote shard found missing fails when it is downloaded."""
+        shards = dict.fromkeys((span.phase, span.shard) for span in spans)
+        locations = [fetch.join(self.phases[p].location, self.phases[p].shards[s]["name"]) for p, s in shards]
+        missing = [where for where in locations if not fetch.is_url(where) and not fetch.local_path(where).is_file()]
+        if missing:
+            raise ShardError(f"{len(missing)} shard(s) this loader reads are missing: {', '.join(missing[:3])}"
+                             f"{' ...' if len(missing) > 3 else ''}; copy the whole phase folder, or read with "
+                             "on_error='skip'")
+
     def load(self, span: Span, pool: fetch.BufferPool) -> LoadedSpan:
         """A prefetch thread's part of a span: the shard's bytes, its index (the writer's, else a
         walk over its tar headers), where the span's members lie and the position ids."""
@@ -273,10 +297,11 @@ class Stream:
         if self.options.fields is not None:
             layout.columns = {s: c for s, c in layout.columns.items() if member_field(s) in self.options.fields}
         options = self.options
+        damaged = damaged_samples(buffer, index, span.start, span.stop) if options.check_samples else []
         positions = span_positions(layout, self.position_pool) if options.position_ids else None
-        rows = span_rows(buffer, layout, options.position_ids, positions) if options.batch_size and not options.shuffle \
-            else None
-        return LoadedSpan(buffer, index, layout, positions, rows)
+        rows = span_rows(buffer, layout, options.position_ids, positions) \
+            if options.batch_size and not options.shuffle and not damaged else None
+        return LoadedSpan(buffer, index, layout, positions, rows, damaged)
 
     def load_index(self, phase: Phase, shard: dict[str, Any], location: str, cache: Path | None) -> ShardIndex | None:
         """The shard's index; None, so that its tar headers are walked, when it has none or a bad one
@@ -284,8 +309,8 @@ class Stream:
         entry = shard.get("index")
         if entry is None:
             return None
-        try:
-            data = fetch.load_shard(fetch.join(phase.location, entry["name"]), entry, cache, self.options.verify)
+        try:  # its sha256 always: an index is small (0.1 ms), and a flipped offset would misplace members unseen
+            data = fetch.load_shard(fetch.join(phase.location, entry["name"]), entry, cache, "sha256" in entry)
             return parse_index(memoryview(data), location, shard)
         except ShardError as err:
             log.warning("reading a shard by its tar headers: %s", err)
@@ -313,6 +338,7 @@ class Stream:
                 yield loaded.rows
             else:
                 samples = decode_samples(loaded.buffer, loaded.layout, location)
+                mark_damaged(samples, loaded, span.start, location)
                 produced = len(samples)
                 yield from self.finished(samples, loaded.positions, location)
             if loaded.index.error is not None:
@@ -326,6 +352,16 @@ class Stream:
             log.warning("skipping the rest of a shard: %s", err)
             self.skipped.append(location)
             yield [None] * (span.stop - span.start - produced)
+
+
+def mark_damaged(samples: list, loaded: LoadedSpan, start: int, location: str) -> None:
+    """The span's samples whose bytes fail their digest become BadSamples (raised, or skipped)."""
+    for number in loaded.damaged:
+        key = loaded.layout.keys[number - start]
+        samples[number - start] = BadSample(location, ShardError(
+            f"{location}: sample {key} differs from the digest its index records: its bytes changed after "
+            "they were written (a flipped bit, a damaged disk or copy); rewrite the shard, or read with "
+            "on_error='skip'"))
 
 
 def shards_per_window(phases: list[Phase], options: StreamOptions) -> int:

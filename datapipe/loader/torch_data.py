@@ -79,6 +79,12 @@ class StreamDataset(IterableDataset):
         return self.stream().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """In a worker process, a state saved after the worker's share ended resumes to nothing more
+        of that epoch: torchdata asks every restored worker for a batch even when its share is done,
+        and the loader moves on to the next epoch only as it finishes one (the main process, without
+        workers, keeps the saved fetcher's end and asks nothing more)."""
+        if get_worker_info() is not None and state.get("ended"):
+            state = {**state, "ended": False}
         self.stream().load_state_dict(state)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import mmap
 import shutil
 import tarfile
 import tempfile
@@ -30,7 +31,16 @@ from typing import Any
 import numpy as np
 
 from datapipe.schema import PackedSample
-from datapipe.shardformat import FORMAT, INDEX_FORMAT, INDEX_SUFFIX, MANIFEST, RUN_FORMAT, RUN_MANIFEST, index_part
+from datapipe.shardformat import (
+    FORMAT,
+    INDEX_FORMAT,
+    INDEX_SUFFIX,
+    MANIFEST,
+    RUN_FORMAT,
+    RUN_MANIFEST,
+    index_part,
+    sample_digest,
+)
 from datapipe.storage import Store
 
 
@@ -59,6 +69,7 @@ class ShardWriter:
         if self.tar is None:
             self.open_shard()
         self.index["keys"].append(sample["key"])
+        self.index["bounds"].append(self.tar.offset)  # where the sample's first tar header goes
         self.add_array(sample["key"], "tokens.npy", sample["tokens"])
         self.add_array(sample["key"], "doc_lens.npy", sample["doc_lens"])
         if "loss_mask" in sample:
@@ -106,14 +117,16 @@ class ShardWriter:
     def open_shard(self) -> None:
         name = f"{self.prefix}{len(self.shards):06d}.tar"
         self.current = {"name": name, "samples": 0, "tokens": 0}
-        self.index = {"keys": [], "members": {}, "arrays": {}}
+        self.index = {"keys": [], "members": {}, "arrays": {}, "bounds": []}
         self.tar = tarfile.open(self.staging / f".{name}.tmp", "w", format=tarfile.USTAR_FORMAT)
 
     def close_shard(self) -> None:
+        self.index["bounds"].append(self.tar.offset)  # the last sample's end, before the end-of-archive blocks
         self.tar.close()
         self.tar = None
         temporary = self.staging / f".{self.current['name']}.tmp"
         self.current.update(bytes=temporary.stat().st_size, sha256=file_sha256(temporary))
+        self.index["digests"] = sample_digests(temporary, self.index["bounds"])
         self.store.put(temporary, self.current["name"])
         self.current["index"] = write_index(self.store, self.current, self.index)
         self.shards.append(self.current)
@@ -157,7 +170,9 @@ def write_index(store: Store, shard: dict[str, Any], index: dict[str, Any]) -> d
     arrays = {suffix: layout for suffix, layout in index["arrays"].items() if layout is not None}
     members = {suffix: [index_part(part) for part in column] for suffix, column in index["members"].items()}
     data = json.dumps({"format": INDEX_FORMAT, "shard": shard["name"], "bytes": shard["bytes"], "sha256": shard["sha256"],
-                       "keys": index["keys"], "members": members, "arrays": arrays}, separators=(",", ":")).encode()
+                       "keys": index["keys"], "members": members, "arrays": arrays,
+                       "bounds": index_part(index["bounds"]), "digests": index["digests"]},
+                      separators=(",", ":")).encode()
     store.write_bytes(name, data)
     return {"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -199,6 +214,16 @@ def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), 0, 0o644
     tar.addfile(info, io.BytesIO(data))
+
+
+def sample_digests(path: Path, bounds: list[int]) -> str:
+    """Each sample's digest (bytes bounds[i] to bounds[i+1] of the shard) as 16 hex digits, one after another."""
+    with open(path, "rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
+        view = memoryview(mapping)
+        try:
+            return "".join(f"{sample_digest(view[lo:hi]):016x}" for lo, hi in zip(bounds, bounds[1:]))
+        finally:
+            view.release()
 
 
 def file_sha256(path: Path) -> str:
