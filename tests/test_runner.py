@@ -134,7 +134,8 @@ def test_run_refuses_a_foreign_non_empty_folder(finished_run, tmp_path, capsys):
 
 def test_run_refuses_actor_pools_that_would_starve_reading(finished_run, tmp_path, capsys):
     recipe = str(finished_run.parent / "tiny.yaml")
-    assert cli.main(["run", recipe, "--out", str(tmp_path / "o"), "--set", "stages.tokenize.concurrency=[2, 2]"]) == 2
+    pools = ["--set", "stages.tokenize.concurrency=[2, 2]", "--set", "ray.partition_tasks=false"]  # no pool otherwise
+    assert cli.main(["run", recipe, "--out", str(tmp_path / "o"), *pools]) == 2
     message = " ".join(capsys.readouterr().err.split())
     assert "actor stages hold CPU 2 from start to end (tokenize 2 x 1" in message and "ray.num_cpus" in message
     assert not (tmp_path / "o").exists()  # refused before the output folder is touched
@@ -143,7 +144,8 @@ def test_run_refuses_actor_pools_that_would_starve_reading(finished_run, tmp_pat
 def test_two_tokenize_actors_on_two_cpus_run_and_change_no_shard(finished_run, tmp_path):
     """Once refused (two actors held both CPUs); now concurrency is a maximum and the pool shares the cluster."""
     recipe = str(finished_run.parent / "tiny.yaml")
-    assert cli.main(["run", recipe, "--out", str(tmp_path / "two"), "--set", "stages.tokenize.concurrency=2"]) == 0
+    two = ["--set", "stages.tokenize.concurrency=2", "--set", "ray.partition_tasks=false"]  # an actor pool
+    assert cli.main(["run", recipe, "--out", str(tmp_path / "two"), *two]) == 0
     first = json.loads((finished_run / "main" / "manifest.json").read_text())["shards"]
     two = json.loads((tmp_path / "two" / "main" / "manifest.json").read_text())["shards"]
     assert [s["sha256"] for s in first] == [s["sha256"] for s in two]

@@ -375,7 +375,9 @@ def check_actor_cpus(recipe: Recipe) -> None:
     import ray
 
     nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
-    problems = placement_problems(recipe.stages, nodes) + held_problems(recipe.stages, ray.cluster_resources())
+    problems = placement_problems(recipe.stages, nodes)
+    if not uses_partition_tasks(recipe):  # partition tasks hold no pool: one CPU runs them all, in turn
+        problems += held_problems(recipe.stages, ray.cluster_resources())
     if problems:
         raise RecipeError(f"recipe {recipe.name!r} cannot run on this Ray cluster", problems)
 
