@@ -64,6 +64,8 @@ from datapipe.schema import Document, docs_to_table
 from datapipe.stage import GlobalContext, StageConfig
 from datapipe.storage import Store
 
+MIN_IN_FLIGHT = 64  # partition tasks queued at least: an autoscaler sees the demand and adds nodes
+
 
 def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: str | None = None,
                console: Console | None = None, restart: bool = False) -> dict[str, Any]:
@@ -142,12 +144,11 @@ def run_partition_tasks(recipe: Recipe, plan: list[dict[str, Any]], todo: list[i
                 for index in todo)
     # SPREAD: partitions dealt over the nodes, where Ray's default fills the driver's node first
     task = ray.remote(run_partition).options(num_cpus=1, max_retries=3, scheduling_strategy="SPREAD")
-    limit = most_at_once(recipe.stages) or max(1, int(ray.cluster_resources().get("CPU", 1))) * 2
     pending, committed, shown = {}, [], RunStats(recipe.name)
     with make_progress(console) as progress:
         bar = progress.add_task(f"{recipe.name}: {len(todo)} partitions", total=None, tokens=0, rps=0.0, tps=0.0)
         while True:
-            for job in islice(jobs, limit - len(pending)):
+            for job in islice(jobs, in_flight(recipe) - len(pending)):
                 pending[task.remote(job)] = job
             if not pending:
                 return committed
@@ -156,6 +157,14 @@ def run_partition_tasks(recipe: Recipe, plan: list[dict[str, Any]], todo: list[i
             committed.append(ray.get(ready))
             shown.add(committed[-1].stats)
             update_progress(progress, bar, shown)
+
+
+def in_flight(recipe: Recipe) -> int:
+    """Partition tasks submitted at once: the stages' `concurrency` cap, else twice the cluster's CPUs
+    (at least 64), read again as tasks finish, so that nodes an autoscaler adds get work too."""
+    import ray
+
+    return most_at_once(recipe.stages) or max(MIN_IN_FLIGHT, 2 * int(ray.cluster_resources().get("CPU", 1)))
 
 
 def run_operator_plan(recipe: Recipe, plan: list[dict[str, Any]], todo: list[int], settings: CommitSettings,
