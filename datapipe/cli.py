@@ -3,12 +3,14 @@
 Exit codes: 0 done; 1 the run finished but its accounting does not balance (records in +
 created != written + rejected); 2 the command could not start: a recipe that is invalid or
 cannot run here (RecipeError), a cluster that does not answer (RunError), a missing file; or
-a source none of whose inputs the workers could open (RunError); 130 interrupted (Ctrl-C).
-Every message says what to do.
+a source none of whose inputs the workers could open (RunError); 3 the disk the run writes to is
+full (one line naming the path and the bytes wanted; the run's temporaries are removed, what it
+committed kept for a rerun); 130 interrupted (Ctrl-C). Every message says what to do.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -77,7 +79,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     out = args.out or str(Path("out") / recipe.name)
-    stats = run_recipe(recipe, out, args.ray_address, console, restart=args.restart)
+    try:
+        stats = run_recipe(recipe, out, args.ray_address, console, restart=args.restart)
+    except Exception as err:  # noqa: BLE001 - only a full disk is handled here; anything else is re-raised
+        full = disk_full_in(err)
+        if full is None:
+            raise
+        return report_disk_full(full, out)
     console.print(summary_table(stats, f"{recipe.name} -> {out}"))
     if not stats["balanced"]:
         console.print(f"[red]error:[/red] the accounting does not balance (records in + created != written + "
@@ -85,6 +93,46 @@ def cmd_run(args: argparse.Namespace) -> int:
                       "stage; the shards are written but do not trust them until the stage is fixed", highlight=False)
         return 1
     return 0
+
+
+def disk_full_in(err: BaseException | None) -> OSError | None:
+    """The full-disk error behind a failure, if one is: a DiskFull or an ENOSPC/EDQUOT OSError, found
+    through Ray's wrappers (a task's error is its `cause`) and Python's chained exceptions."""
+    from datapipe.storage import NO_SPACE, DiskFull
+
+    for _ in range(64):  # a chain is a few links deep; the bound stops a cycle
+        if err is None:
+            return None
+        inner = getattr(err, "cause", None)  # ray.exceptions.RayTaskError: the task's own exception
+        if isinstance(inner, BaseException):
+            err = inner
+        elif isinstance(err, DiskFull) or (isinstance(err, OSError) and err.errno in NO_SPACE):
+            return err
+        else:
+            err = err.__cause__ or err.__context__
+    return None
+
+
+def report_disk_full(err: OSError, out: str) -> int:
+    """One line: the full path and the bytes wanted (a DiskFull says them); the run's temporaries removed."""
+    from datapipe.storage import DiskFull, disk_full, remove_temporaries
+
+    full = err if isinstance(err, DiskFull) else disk_full(err, err.filename or out, None)
+    stop_ray()  # the run's other tasks fail the same way: stopped before they write more, their errors unprinted
+    removed = remove_temporaries(out)
+    console.print(f"[red]error:[/red] {escape(str(full))}; {removed} temporary files of the run removed, its "
+                  f"committed work kept in {escape(out)} (unfinished: no run.json) for that rerun",
+                  highlight=False, soft_wrap=True)
+    return 3
+
+
+def stop_ray() -> None:
+    """Disconnect from Ray (a local cluster stops) if the run started it, without printing the errors
+    of tasks nobody waits for any more (Ray prints each as an "Unhandled error" when it arrives)."""
+    os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -43,6 +43,38 @@ class RemoteError(OSError):
     error), as an OSError naming the URL; readers count it as an unreadable file."""
 
 
+class DiskFull(OSError):
+    """No space left (ENOSPC, or a quota: EDQUOT) where a run writes; the message names the path, the
+    bytes the write needed and what is free there. The CLI exits 3 on it (datapipe.cli)."""
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(err: OSError, path: str | Path, needed: int | None) -> DiskFull:
+    """The DiskFull that an OSError of a full disk means, naming the path written and the bytes needed
+    (None: not known, an error from a library's own write)."""
+    folder = Path(local_path(str(path))).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    usage = shutil.disk_usage(folder)
+    writing = f"writing {needed:,} bytes, " if needed is not None else ""
+    return DiskFull(f"{path}: no space left on the device ({writing}{usage.free:,} of {usage.total:,} bytes "
+                    f"free on the filesystem of {folder}): free space there or give --out a larger disk, then "
+                    f"run the same command again ({err.strerror})")
+
+
+@contextlib.contextmanager
+def space_named(path: str | Path, needed: int) -> Iterator[None]:
+    """An OSError of a full disk inside becomes a DiskFull naming `path` and the `needed` bytes."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno in NO_SPACE:
+            raise disk_full(err, path, needed) from err
+        raise
+
+
 class MissingBackend(RemoteError):
     """No fsspec filesystem for a URL's scheme on this machine: the message names the package to install."""
 
@@ -132,10 +164,14 @@ class Store:
         final = Path(self.path(name))
         final.parent.mkdir(parents=True, exist_ok=True)
         temporary = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
-        with open(temporary, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
+        try:
+            with space_named(final, len(data)), open(temporary, "wb") as stream:
+                stream.write(data)
+                stream.flush()
+                os.fsync(stream.fileno())
+        except OSError:  # the half-written temporary goes: a full disk is not left fuller
+            temporary.unlink(missing_ok=True)
+            raise
         commit_local(temporary, final)
 
     def put(self, source: Path, name: str) -> None:
@@ -173,6 +209,17 @@ class Store:
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(target)
+
+
+def remove_temporaries(location: str | Path) -> int:
+    """Delete the hidden temporaries (.NAME.tmp, .NAME.XXXXXXXX.tmp) that writes under a local folder
+    left behind when they failed; how many. Nothing for a remote folder (an upload is whole or absent)."""
+    if is_url(str(location)) or not os.path.isdir(local_path(str(location))):
+        return 0
+    stale = [path for path in Path(local_path(str(location))).rglob(".*.tmp") if path.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
 
 
 def commit_local(temporary: Path, final: Path) -> None:

@@ -297,3 +297,28 @@ def test_rejects_file_and_inspect_show_the_curriculum(curriculum_run, capsys):
     assert cli.main(["inspect", str(out), "--samples", "1"]) == 0
     shown = capsys.readouterr().err
     assert "phase s64" in shown and "phase s1k" in shown and "limited by" in shown and "truncated" in shown
+
+
+def page(index: int, span: int) -> dict:
+    """A "pages" document: text around one image whose media span is `span` tokens."""
+    doc = new_document("pages", str(index), "a page")
+    doc["tokens"] = np.array([FIRST_PLAIN] * 5 + media_span(span) + [FIRST_PLAIN] * 5, dtype=np.uint32)
+    doc["media"] = [png(index)]
+    return doc
+
+
+def test_a_source_no_document_of_which_fits_keeps_its_documents_reasons():
+    """Natural proportions give such a source weight 0; its documents are still too long (or their
+    image is), not outside the mixture (issue 22: render_demo at seq_len 700, 10K-token documents at 2048)."""
+    long_books = [doc for doc in make_docs(13, 40, media_every=0, source="books", log_median=8.0, max_len=20000)
+                  if len(doc["tokens"]) > 256][:20]
+    docs = make_docs(12, 100, media_every=0) + long_books + [page(i, 300) for i in range(5)]
+    corpus = corpus_from_documents(docs, IDS, ["web", "books", "pages"])
+    for long_docs, source, reason in (("drop", "books", "pack.too_long"), ("split", "pages", "pack.media_span_too_long")):
+        usage = Usage(len(corpus.ids))
+        usage.record(select_phase(CurriculumPhase(seq_len=256, long_docs=long_docs), corpus, 0))
+        named = corpus.source_names.index(source)
+        assert {why for row, why in usage.unused() if corpus.source[row] == named} == {reason}, long_docs
+        assert "pack.not_in_mixture" not in dict(usage.unused()).values()
+    named = select_phase(CurriculumPhase(seq_len=256, mixture={"web": 1}), corpus, 0)  # a mixture that leaves them out
+    assert set(named.outcome[corpus.source != 0].tolist()) == {NOT_IN_MIXTURE}

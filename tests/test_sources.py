@@ -85,6 +85,28 @@ def test_a_source_with_no_existing_path_fails_before_any_work(tmp_path):
         list_inputs(recipe)  # the listing a run uses judges it: a source with no file at all is a wrong path
 
 
+def test_an_empty_folder_in_paths_is_a_reject_naming_it(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", GOOD[:1])
+    (tmp_path / "empty" / "sub").mkdir(parents=True)  # nothing but a folder in it
+    recipe = validate_recipe({
+        "name": "t", "stages": [{"stage": "tokenize"}], "base_dir": str(tmp_path),
+        "sources": [{"name": "web", "type": "jsonl", "paths": ["a.jsonl", "empty"]}]})
+    items = work_items(recipe, recipe.sources[0])
+    assert [item["path"] for item in items] == [str(tmp_path / "a.jsonl"), str(tmp_path / "empty")]
+    [reject] = read_work_item(recipe.sources[0], 0, items[1])
+    assert (reject["reject"], reject["source_id"]) == ("read.unreadable_file", str(tmp_path / "empty"))
+    assert "a folder with no files in it" in reject["text"]
+
+
+@pytest.mark.parametrize("reader, name", [(read_jsonl, "a.jsonl"), (read_jsonl, "a.jsonl.gz"), (read_jsonl, "a.jsonl.zst"),
+                                          (read_parquet, "a.parquet"), (read_html, "a.html"), (read_warc, "a.warc.gz"),
+                                          (read_files, "a.svg")])
+def test_a_folder_where_a_file_should_be_is_unreadable_not_corrupt(tmp_path, reader, name):
+    (tmp_path / name).mkdir()  # what a glob such as *.parquet matches when a folder has that name
+    [reject] = reader(source(), str(tmp_path / name))
+    assert reject["reject"] == "read.unreadable_file" and str(tmp_path / name) in reject["text"]
+
+
 def test_missing_file_is_one_reject(tmp_path):
     docs = list(read_jsonl(source(), str(tmp_path / "absent.jsonl")))
     assert [d["reject"] for d in docs] == ["read.missing_file"]

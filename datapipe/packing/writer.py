@@ -10,7 +10,8 @@ sample's tokens and loss mask, so one odd sample with a huge header does not pad
 
 A shard closes at `samples_per_shard` samples or, when set, once it holds `max_bytes`
 (a target: the sample that crosses it stays, so no sample is ever split). It is written
-under a temporary name and renamed when complete; then its index; `manifest.json` is
+under a temporary name, flushed (fsync) and renamed when complete, then its folder flushed
+(datapipe.storage); then its index; `manifest.json` is
 written last, atomically. A writer first removes the previous manifest, shards and
 temporaries of its folder, so a crashed rewrite never leaves an old manifest beside new
 shards. The index lets the loader find every member without walking tar headers (14 us
@@ -18,6 +19,7 @@ of Python a sample at 8K tokens).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -41,7 +43,7 @@ from datapipe.shardformat import (
     index_part,
     sample_digest,
 )
-from datapipe.storage import Store
+from datapipe.storage import Store, space_named
 
 
 class ShardWriter:
@@ -66,6 +68,10 @@ class ShardWriter:
         self.stride_blocks = 0  # tar blocks of doc_lens and json together that samples are padded to
 
     def write(self, sample: PackedSample) -> None:
+        with space_named(self.staging / f".{self.current.get('name', self.prefix)}.tmp", sample_bytes(sample)):
+            self.add_sample(sample)  # a full disk names the shard and the sample's bytes (the CLI exits 3)
+
+    def add_sample(self, sample: PackedSample) -> None:
         if self.tar is None:
             self.open_shard()
         self.index["keys"].append(sample["key"])
@@ -122,7 +128,8 @@ class ShardWriter:
 
     def close_shard(self) -> None:
         self.index["bounds"].append(self.tar.offset)  # the last sample's end, before the end-of-archive blocks
-        self.tar.close()
+        with space_named(self.staging / f".{self.current['name']}.tmp", 2 * tarfile.RECORDSIZE):
+            self.tar.close()  # flushes the last blocks and the end-of-archive record
         self.tar = None
         temporary = self.staging / f".{self.current['name']}.tmp"
         self.current.update(bytes=temporary.stat().st_size, sha256=file_sha256(temporary))
@@ -145,11 +152,15 @@ class ShardWriter:
     def __enter__(self) -> "ShardWriter":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        elif self.tar is not None:  # leave the partial shard as a .tmp, never as a finished shard
-            self.tar.close()
+    def __exit__(self, kind: type | None, *exc: object) -> None:
+        try:
+            if kind is None:
+                self.close()
+        finally:
+            if self.tar is not None:  # a failed write or close: the partial shard goes, never a finished shard
+                with contextlib.suppress(OSError):  # a full disk fails the close's flush too
+                    self.tar.close()
+                (self.staging / f".{self.current['name']}.tmp").unlink(missing_ok=True)
 
 
 def write_manifest(store: Store, info: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
@@ -198,6 +209,12 @@ def write_run_manifest(out: Path | str | Store, phases: list[dict[str, Any]], in
     store = out if isinstance(out, Store) else Store(out)
     store.write_bytes(RUN_MANIFEST, json.dumps(manifest, indent=2).encode())
     return manifest
+
+
+def sample_bytes(sample: PackedSample) -> int:
+    """A sample's payload bytes (tokens, arrays and images; tar headers aside)."""
+    arrays = sum(np.asarray(sample[key]).nbytes for key in ("tokens", "doc_lens", "loss_mask") if key in sample)
+    return arrays + sum(len(image) for image in sample.get("images", []))
 
 
 def blocks(size: int) -> int:

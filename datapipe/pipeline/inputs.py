@@ -9,11 +9,13 @@ read.missing_file or read.unreadable_file reject there, naming the path and the 
 """
 from __future__ import annotations
 
+import os
 from itertools import islice
+from pathlib import Path
 from typing import Any, Iterator
 
 from datapipe.pipeline import registry
-from datapipe.schema import Document
+from datapipe.schema import Document, new_reject
 from datapipe.storage import folder_inputs, glob_inputs, input_exists, is_folder, is_pattern, is_url, local_path
 
 GENERATOR_CHUNK = 500  # generator indices per work item (one Ray task each)
@@ -43,7 +45,7 @@ def expand_path(location: str) -> list[str]:
         # a pattern that matches nothing is read as a missing file: a reject that names it, not a silent skip
         return glob_inputs(location) or [location]
     if is_folder(location) and not any(input_exists(f"{location.rstrip('/')}/{name}") for name in SAVED_DATASET_FILES):
-        return folder_inputs(location)
+        return folder_inputs(location) or [location]  # an empty folder: a reject that names it, not a silent skip
     return [location]  # a missing file becomes a reject at read time, not a silent skip
 
 
@@ -51,7 +53,15 @@ def read_work_item(source: Any, seed: int, item: dict[str, Any]) -> Iterator[Doc
     reader = registry.load(registry.SOURCES[source.type])
     if source.type in registry.GENERATORS:
         return reader(source, seed, item["start"], item["stop"])
+    if is_empty_folder(item["path"]):
+        return iter([new_reject(source.name, item["path"], "read.unreadable_file",
+                                f"{item['path']}: a folder with no files in it; add its files or take it out of paths")])
     return reader(source, item["path"])
+
+
+def is_empty_folder(location: str) -> bool:
+    """A local folder without a file at any depth (expand_path keeps one as itself: a reject, not silence)."""
+    return not is_url(location) and os.path.isdir(location) and not any(p.is_file() for p in Path(location).rglob("*"))
 
 
 def iter_recipe_documents(recipe: Any, inputs: dict[str, list[dict[str, Any]]]) -> Iterator[Document]:

@@ -13,6 +13,7 @@ import codecs
 import contextlib
 import datetime
 import json
+import os
 import re
 from typing import Any, Iterator
 
@@ -97,6 +98,9 @@ def read_parquet(cfg: Any, path: str) -> Iterator[Document]:
     import pyarrow.parquet as pq
 
     row_index = 0
+    if not is_url(path) and os.path.isdir(path):  # a glob that matched a folder: Arrow would call it corrupt
+        yield new_reject(cfg.name, path, "read.unreadable_file", f"IsADirectoryError: {path} is a folder, not a file")
+        return
     try:
         # A local file through Arrow's own reader; a URL through fsspec, seekable: Parquet reads its footer first
         with open_input(path) if is_url(path) else contextlib.nullcontext(path) as stream:
