@@ -25,7 +25,7 @@ def run(module, text, kind="text", **options):
     return stage([new_document("t", "1", text, kind=kind)])[0]
 
 
-@pytest.mark.parametrize("backend", ["resiliparse", "trafilatura", "fallback"])
+@pytest.mark.parametrize("backend", ["article", "precise", "resiliparse", "trafilatura", "fallback"])
 def test_extract_keeps_the_article_and_drops_the_menu(backend):
     nav = "".join(f"<li><a href='/{i}'>Menu item {i}</a></li>" for i in range(30))
     html = (f"<html><head><title>News</title><script>var x = 1;</script></head><body><nav><ul>{nav}</ul></nav>"

@@ -36,7 +36,8 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
         for doc in docs:
             # One text per call: fasttext-predict's list form returns labels without scores.
             (label,), (score,) = model.predict(" ".join(doc["text"][: cfg.max_chars].split()), k=1)
-            language, confidence = label.removeprefix("__label__"), round(float(score), 4)
+            # fastText's softmax can round above 1 (1.0001 seen): clamp to min_score's 0-1 range.
+            language, confidence = label.removeprefix("__label__"), min(round(float(score), 4), 1.0)
             doc["language"], doc["language_score"] = language, confidence
             if keep and language not in keep:
                 doc["reject"] = "langid.language"
