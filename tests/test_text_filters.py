@@ -76,7 +76,7 @@ def test_short_lines_fail_fineweb_and_groups_can_be_switched_off():
 
 def test_c4_keeps_only_lines_that_end_a_sentence():
     doc = run(quality, GOOD + "\nShare on Facebook\nThis site uses cookies to work properly.",
-              gopher_repetition=None, gopher_quality=None, fineweb=None)
+              preset="c4", c4={"bad_words": False})
     assert not doc["reject"] and "Share on Facebook" not in doc["text"] and "cookies" not in doc["text"]
 
 
@@ -102,3 +102,22 @@ def test_mojibake_is_repaired_only_when_asked():
     broken = "The cafÃ© served crÃ¨me brÃ»lÃ©e."
     assert run(normalize, broken, fix_mojibake=True)["text"] == "The café served crème brûlée."
     assert run(normalize, broken)["text"] == broken
+
+
+def test_presets_follow_their_published_pipelines():
+    # 7 of 10 lines without terminal punctuation: C4 drops them (then too few sentences), FineWeb's C4 step
+    # keeps them and FineWeb's own rule needs only 12% of lines to end a sentence.
+    headline_style = "\n".join(line.rstrip(".") if i % 10 < 7 else line for i, line in enumerate(GOOD.splitlines()))
+    assert run(quality, headline_style, preset="c4", c4={"bad_words": False})["reject"] == "quality.c4.too_few_sentences"
+    assert run(quality, headline_style)["reject"] == ""  # fineweb, the default
+    gopher = quality.Config(stage="quality", preset="gopher")
+    assert gopher.c4 is None and gopher.fineweb is None and gopher.gopher_quality is not None
+    tuned = quality.Config(stage="quality", c4={"min_num_sentences": 3})  # laid over the preset, not replacing it
+    assert tuned.c4.min_num_sentences == 3 and not tuned.c4.filter_no_terminal_punct
+    with pytest.raises(ValueError, match="fineweb"):
+        quality.Config(stage="quality", preset="dclm")
+
+
+def test_sentences_split_before_a_non_ascii_capital_as_in_spacy():
+    assert split_words("Year.Â Julia") == ["Year", ".", "Â", "Julia"]
+    assert count_sentences(split_words("Happy New Year.Â Julia said so.Ça va")) == 3
