@@ -86,7 +86,7 @@ def run_ours_on_ray(texts: list[str], work: Path) -> tuple[dict[int, int], float
     connect(RayConfig(num_cpus=WORKERS, object_store_mb=512), None)
     started = time.perf_counter()
     removed = {}
-    for table in build_plan(recipe, Store(work / "work")).iter_batches(batch_format="pyarrow", batch_size=None):
+    for table in build_plan(recipe, work=Store(work / "work")).iter_batches(batch_format="pyarrow", batch_size=None):
         for doc in docs_from_table(table):
             if doc["reject"]:
                 removed[int(doc["source_id"])] = int(doc["notes"]["dedup"]["cluster"].split("/")[-1])

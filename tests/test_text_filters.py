@@ -1,4 +1,9 @@
-"""Extraction, language ID, quality rules, PII and mojibake repair on documents made here."""
+"""Extraction, language ID, quality rules, PII and mojibake repair on documents made here
+(and, opt-in, extraction on the shared pages with gold text)."""
+import importlib.util
+import statistics
+from pathlib import Path
+
 import pytest
 
 from datapipe.schema import new_document
@@ -34,6 +39,38 @@ def test_extract_keeps_the_article_and_drops_the_menu(backend):
     doc = run(extract, html, kind="html", backend=backend)
     assert not doc["reject"] and doc["kind"] == "text" and "river flooded" in doc["text"]
     assert "Menu item 17" not in doc["text"] and "var x" not in doc["text"]
+
+
+def test_extract_narrows_to_the_article_container_and_drops_comments():
+    teasers = "".join(f"<li><p>Related story {i}: {ARTICLE}</p></li>" for i in range(3))
+    html = (f"<html><body><div class='page'><article><h1>Flood</h1>{''.join(f'<p>{ARTICLE}</p>' for _ in range(5))}"
+            "</article><section class='comments' id='comments'><h3>34 comments</h3>"
+            f"<div class='comment'><p>Reader comment: {ARTICLE}</p></div></section>"
+            f"<aside><ul>{teasers}</ul></aside></div></body></html>")
+    doc = run(extract, html, kind="html")
+    assert doc["notes"]["extract"] == {"extractor": "resiliparse:container"}
+    assert "river flooded" in doc["text"] and "Related story" not in doc["text"] and "Reader comment" not in doc["text"]
+
+
+GOLD_PAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "web_text" / "html_pages"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GOLD_PAGES.is_dir(), reason="needs ../shared/data/web_text/html_pages (the shared data folder)")
+def test_default_extractor_matches_trafilatura_on_pages_with_gold_text():
+    """bench/extract.py's pages and scoring: the default at least trafilatura's mean bag-of-words F1
+    over all full gold texts, `precise` at least trafilatura's on the news pages too."""
+    spec = importlib.util.spec_from_file_location("bench_extract", Path(__file__).parents[1] / "bench" / "extract.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    pages = [page for page in bench.load_gold() if page["type"] != "goose3"]
+    f1 = {name: [bench.scores(extract_text(page["html"]), page["gold"])[2] for page in pages]
+          for name, extract_text in [("default", bench.ours(extract.Config.model_fields["backend"].default)),
+                                     ("precise", bench.ours("precise")),
+                                     ("trafilatura", bench.peers()["trafilatura"])]}
+    news = [i for i, page in enumerate(pages) if page["type"] == "news"]
+    assert statistics.mean(f1["default"]) >= statistics.mean(f1["trafilatura"])
+    assert statistics.mean(f1["precise"][i] for i in news) >= statistics.mean(f1["trafilatura"][i] for i in news)
 
 
 def test_extract_rejects_a_page_without_text_and_leaves_other_kinds():
