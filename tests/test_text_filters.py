@@ -125,6 +125,7 @@ def test_langid_sets_language_and_filters():
     unsure = run(langid, "ok 123", min_score=0.99)  # every language kept: only the score can reject it
     assert unsure["reject"] == "langid.low_score" and unsure["language_score"] < 0.99
     assert run(langid, ARTICLE, min_score=0.5)["reject"] == ""
+    assert langid.to_confidence(1.00012) == 1.0 and langid.to_confidence(0.123456) == 0.1235
 
 
 def test_pii_is_replaced_by_typed_placeholders_and_counted():
