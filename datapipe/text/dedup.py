@@ -19,9 +19,9 @@ A global stage: the runner hands it the whole dataset (`transform_dataset`) and 
    dedup.exact_duplicate (its normalized text is an earlier member's) or dedup.near_duplicate.
    Every member gets notes["dedup"] = {"cluster": survivor id, "size": n}.
 Corpora of up to `one_task_max_docs` documents skip steps 3-5: their key rows go to one task,
-which clusters them with find_clusters and writes the same verdict files (one shuffle instead of
-the ~10 stages of the distributed passes, which cost more than the clustering below ~10^5
-documents: each Ray Data stage has a fixed cost of a few hundred ms).
+which clusters them with find_clusters and writes the same verdict files: one shuffle instead of
+the distributed passes' ~10 Ray Data stages, each with a fixed cost (the tests' four corpora of
+~100 documents: 3.9 s in one task, 26.9 s distributed, on the loaded 2-core machine).
 The driver sees the plan, row counts and one sum a round, nothing that grows with the corpus
 (the old design pulled ~150 MB of signatures a million documents to it). A rerun that finds
 work/done (a killed run resumed) skips steps 1-5 and applies the stored verdicts.
