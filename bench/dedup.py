@@ -4,23 +4,28 @@ Input: ../shared/data/web_text/web_docs.jsonl.gz (2,664 docs) plus PLANTED near-
 documents of >= 100 words: 1% of the words (at least one) replaced, and two paragraphs
 swapped where there are two or more. The median true word-5-gram Jaccard of the planted
 pairs is printed; at 14 bands x 8 rows pairs above ~0.8 are found with probability > 0.95.
+Larger --sizes add rewrites of the shared documents with 30% of their words replaced (true
+5-gram Jaccard ~0.1 with their source: not duplicates), so the corpus grows, not its duplicates.
 Both sides: 5-gram shingles, 14 bands x 8 rows, 2 workers, end to end (signatures,
-buckets, clusters, verdicts); datatrove through its LocalPipelineExecutor (JSONL in,
-kept JSONL out, on local disk); ours through the datapipe runner on a local 2-CPU Ray
-(JSONL source, the global dedup stage, every document consumed by the driver; Ray's
-start-up is not counted), and, for reference, through the stage's functions alone in a
-pool of 2 (signatures) and the driver (clusters). Recall: planted copies removed (or their
-original, one of the pair) / planted. Precision: removed documents that are planted
-copies or whose true word-5-gram Jaccard with their cluster's survivor is >= 0.7 /
-removed. Run: .venv/bin/python bench/dedup.py   (make bench-deps first)
+buckets, clusters, verdicts), each a whole process as a user waits for it, from start to
+exit, timed from here: imports and start-up count (Ray's ~3-5 s, datatrove's executor pools).
+datatrove through its LocalPipelineExecutor (JSONL in, kept JSONL out, on local disk); ours
+through the datapipe runner on a local 2-CPU Ray (JSONL source, the global dedup stage, every
+document consumed by the driver, kept JSONL out). For reference, the stage's functions alone in
+this process: a pool of 2 (signatures) and find_clusters. Recall: planted copies removed (or
+their original, one of the pair) / planted. Precision: removed documents that are planted
+copies or whose true word-5-gram Jaccard with their cluster's survivor is >= 0.7 / removed.
+Run: .venv/bin/python bench/dedup.py [--sizes 3264,13056]   (make bench-deps first)
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
+import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "web_text" / "web_docs.jsonl.gz"
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data" / "web_text" / "web_docs.jsonl.gz"
 PLANTED = 600
 WORKERS = 2
 
@@ -48,6 +54,17 @@ def plant(texts: list[str], seed: int = 0) -> list[tuple[int, str]]:
             paragraphs[a], paragraphs[b] = paragraphs[b], paragraphs[a]
         copies.append((i, "\n\n".join(paragraphs)))
     return copies
+
+
+def grow(texts: list[str], size: int, seed: int = 1) -> list[str]:
+    """`texts` and rewrites of them (30% of the words replaced) up to `size` documents."""
+    rng, grown = random.Random(seed), list(texts)
+    while len(grown) < size:
+        words = texts[len(grown) % len(texts)].split(" ")
+        for j in rng.sample(range(len(words)), len(words) * 3 // 10):
+            words[j] = f"w{rng.randrange(10**6)}"
+        grown.append(" ".join(words))
+    return grown
 
 
 def signatures(texts: list[str]) -> list[tuple[int, list[int]]]:
@@ -71,29 +88,32 @@ def run_ours(texts: list[str]) -> tuple[set[int], float]:
     return removed, time.perf_counter() - started
 
 
-def run_ours_on_ray(texts: list[str], work: Path) -> tuple[dict[int, int], float]:
+def ours_on_ray(corpus: Path, work: Path) -> None:
+    """The child process: the runner on a local 2-CPU Ray; writes {id: survivor id} of the removed."""
     from datapipe.pipeline.recipe import RayConfig, validate_recipe
     from datapipe.pipeline.runner import build_plan, connect
     from datapipe.schema import docs_from_table
     from datapipe.storage import Store
     from datapipe.text.dedup import Config
 
-    path = work / "docs.jsonl"
-    path.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
-    raw = {"name": "bench", "sources": [{"name": "b", "type": "jsonl", "paths": [str(path)], "id_field": "id"}],
+    raw = {"name": "bench", "sources": [{"name": "b", "type": "jsonl", "paths": [str(corpus / "*.jsonl")],
+                             "id_field": "id"}],
            "stages": [{"stage": "tokenize"}]}
     recipe = validate_recipe(raw).model_copy(update={"stages": [Config(stage="dedup")]})
     connect(RayConfig(num_cpus=WORKERS, object_store_mb=512), None)
-    started = time.perf_counter()
     removed = {}
-    for table in build_plan(recipe, work=Store(work / "work")).iter_batches(batch_format="pyarrow", batch_size=None):
-        for doc in docs_from_table(table):
-            if doc["reject"]:
-                removed[int(doc["source_id"])] = int(doc["notes"]["dedup"]["cluster"].split("/")[-1])
-    return removed, time.perf_counter() - started
+    with open(work / "kept.jsonl", "w") as kept:
+        for table in build_plan(recipe, work=Store(work / "work")).iter_batches(batch_format="pyarrow", batch_size=None):
+            for doc in docs_from_table(table):
+                if doc["reject"].startswith("dedup."):
+                    removed[doc["source_id"]] = doc["notes"]["dedup"]["cluster"].split("/")[-1]
+                elif not doc["reject"]:
+                    kept.write(json.dumps({"id": doc["source_id"], "text": doc["text"]}) + "\n")
+    (work / "removed.json").write_text(json.dumps(removed))
 
 
-def run_theirs(texts: list[str], work: Path) -> tuple[set[int], float]:
+def theirs_in_datatrove(corpus: Path, work: Path) -> None:
+    """The child process: datatrove's 4-step MinHash pipeline; its kept documents land in work/out."""
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.dedup.minhash import (
         MinhashConfig,
@@ -105,12 +125,8 @@ def run_theirs(texts: list[str], work: Path) -> tuple[set[int], float]:
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
 
-    (work / "in").mkdir(parents=True)
-    for part in range(WORKERS):
-        with open(work / "in" / f"{part}.jsonl", "w") as out:
-            out.writelines(json.dumps({"id": str(i), "text": texts[i]}) + "\n" for i in range(part, len(texts), WORKERS))
     config = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8)
-    reader = JsonlReader(str(work / "in"))
+    reader = JsonlReader(str(corpus))
     steps = [
         ([reader, MinhashDedupSignature(output_folder=str(work / "sigs"), config=config)], WORKERS),
         ([MinhashDedupBuckets(input_folder=str(work / "sigs"), output_folder=str(work / "buckets"), config=config)],
@@ -118,13 +134,32 @@ def run_theirs(texts: list[str], work: Path) -> tuple[set[int], float]:
         ([MinhashDedupCluster(input_folder=str(work / "buckets"), output_folder=str(work / "remove"), config=config)], 1),
         ([reader, MinhashDedupFilter(input_folder=str(work / "remove")), JsonlWriter(str(work / "out"))], WORKERS),
     ]
-    started = time.perf_counter()
     for index, (pipeline, tasks) in enumerate(steps):
         LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=WORKERS,
                               logging_dir=str(work / f"logs{index}")).run()
-    elapsed = time.perf_counter() - started
+
+
+def whole_process(side: str, texts: list[str], work: Path) -> float:
+    """Seconds from starting `bench/dedup.py --side SIDE` to its exit, on the corpus written to work/in."""
+    (work / "in").mkdir(parents=True)
+    if side == "ours":  # one file in corpus order: the run's order, so survivors match find_clusters'
+        with open(work / "in" / "all.jsonl", "w") as out:
+            out.writelines(json.dumps({"id": str(i), "text": text}) + "\n" for i, text in enumerate(texts))
+    for part in range(WORKERS if side != "ours" else 0):  # datatrove reads a folder, one file a task
+        with open(work / "in" / f"{part}.jsonl", "w") as out:
+            out.writelines(json.dumps({"id": str(i), "text": texts[i]}) + "\n" for i in range(part, len(texts), WORKERS))
+    started = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's datapipe, in the child and Ray's workers
+    subprocess.run([sys.executable, __file__, "--side", side, "--work", str(work)], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def removed_by(side: str, work: Path, count: int) -> dict[int, int | None]:
+    if side == "ours":
+        return {int(k): int(v) for k, v in json.loads((work / "removed.json").read_text()).items()}
     kept = {int(json.loads(line)["id"]) for f in (work / "out").glob("*.jsonl.gz") for line in gzip.open(f)}
-    return set(range(len(texts))) - kept, elapsed
+    return dict.fromkeys(set(range(count)) - kept)
 
 
 def jaccard(a: str, b: str) -> float:
@@ -156,29 +191,52 @@ def near(doc: int, texts: list[str]) -> list[int]:
         [i for i, t in enumerate(texts) if i != doc and t[-200:] == texts[doc][-200:]]
 
 
+def measure(texts: list[str], base_count: int, copies: list) -> dict:
+    """One corpus: both sides as whole processes, the stage functions alone, recall and precision."""
+    removed_direct, direct_s = run_ours(texts)
+    with tempfile.TemporaryDirectory() as work:
+        ours_s = whole_process("ours", texts, Path(work) / "ours")
+        removed_ours = removed_by("ours", Path(work) / "ours", len(texts))
+        theirs_s = whole_process("datatrove", texts, Path(work) / "datatrove")
+        removed_theirs = removed_by("datatrove", Path(work) / "datatrove", len(texts))
+    assert removed_direct == removed_ours, "the runner and the stage functions disagree"
+    recall, precision = score(set(removed_ours), texts, base_count, copies, removed_ours)
+    their_recall, their_precision = score(set(removed_theirs), texts, base_count, copies)
+    return {"docs": len(texts), "ours_s": ours_s, "datatrove_s": theirs_s, "direct_s": direct_s,
+            "removed": len(removed_ours), "datatrove_removed": len(removed_theirs), "recall": recall,
+            "precision": precision, "datatrove_recall": their_recall, "datatrove_precision": their_precision}
+
+
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help answers instead of starting the run
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="3264,13056", help="corpus sizes in documents, comma-separated")
+    parser.add_argument("--side", choices=("ours", "datatrove"), help=argparse.SUPPRESS)  # a child process
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        (ours_on_ray if args.side == "ours" else theirs_in_datatrove)(args.work / "in", args.work)
+        return
     if not DATA.is_file():
         sys.exit(f"bench dedup: needs {DATA}")
     base = [json.loads(line)["text"] for line in gzip.open(DATA)]
     copies = plant(base)
-    texts = base + [text for _, text in copies]
-    removed_direct, direct_s = run_ours(texts)
-    with tempfile.TemporaryDirectory() as work:
-        removed_ours, ours_s = run_ours_on_ray(texts, Path(work))
-        removed_theirs, theirs_s = run_theirs(texts, Path(work) / "datatrove")
-    recall, precision = score(set(removed_ours), texts, len(base), copies, removed_ours)
-    their_recall, their_precision = score(removed_theirs, texts, len(base), copies)
-    ours_rate, theirs_rate = len(texts) / ours_s, len(texts) / theirs_s
+    planted = base + [text for _, text in copies]
     similarity = float(np.median([jaccard(base[i], text) for i, text in copies]))
-    assert removed_direct == removed_ours, "the runner and the stage functions disagree"
-    print(f"ours on Ray: removed {len(removed_ours)} in {ours_s:.1f} s (stage functions alone: {direct_s:.1f} s); "
-          f"datatrove: removed {len(removed_theirs)} in "
-          f"{theirs_s:.1f} s (recall {their_recall:.3f}, precision {their_precision:.3f})")
-    print(f"bench dedup: docs={len(texts)} planted={len(copies)} planted_median_jaccard={similarity:.2f} "
-          f"workers={WORKERS} docs_per_s={ours_rate:.0f} "
-          f"datatrove_docs_per_s={theirs_rate:.0f} x_vs_datatrove={ours_rate / theirs_rate:.2f} "
-          f"recall={recall:.3f} precision={precision:.3f}")
+    results = []
+    for size in map(int, args.sizes.split(",")):
+        result = measure(grow(planted, size), len(base), copies)
+        results.append(result)
+        print(f"{result['docs']} docs: ours {result['ours_s']:.1f} s whole process (stage functions alone "
+              f"{result['direct_s']:.1f} s), removed {result['removed']}, recall {result['recall']:.3f}, precision "
+              f"{result['precision']:.3f}; datatrove {result['datatrove_s']:.1f} s, removed "
+              f"{result['datatrove_removed']}, recall {result['datatrove_recall']:.3f}, precision "
+              f"{result['datatrove_precision']:.3f}; x_vs_datatrove={result['datatrove_s'] / result['ours_s']:.2f}",
+              flush=True)
+    speedups = {r["docs"]: r["datatrove_s"] / r["ours_s"] for r in results}
+    print(f"bench dedup: sizes={args.sizes} planted={len(copies)} planted_median_jaccard={similarity:.2f} "
+          f"workers={WORKERS} " + " ".join(f"x_vs_datatrove_{n}={x:.2f}" for n, x in speedups.items())
+          + f" min_x_vs_datatrove={min(speedups.values()):.2f} recall={min(r['recall'] for r in results):.3f} "
+          f"precision={min(r['precision'] for r in results):.3f}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def lists(tmp_path):
 
 def c4_quality(lists_dir, text, language=None, **c4):
     options = {"bad_words": True, "bad_words_dir": str(lists_dir), **c4}
-    cfg = quality.Config(stage="quality", gopher_repetition=None, gopher_quality=None, fineweb=None, c4=options)
+    cfg = quality.Config(stage="quality", preset="c4", c4=options)
     doc = new_document("t", "1", text)
     if language:
         doc["language"] = language

@@ -150,13 +150,16 @@ def verdicts_of(out: list) -> dict:
     return {(doc["partition"], doc["position"]): (doc["reject"], doc["notes"].get("dedup")) for doc in out}
 
 
-def test_distributed_dedup_equals_the_union_find(ray_session, tmp_path):
+@pytest.mark.parametrize("one_task_max_docs", [0, 10_000], ids=["distributed", "one_task"])
+def test_distributed_dedup_equals_the_union_find(ray_session, tmp_path, one_task_max_docs):
     """Same survivors, reasons, cluster ids and sizes as find_clusters, on corpora with exact and
-    near copies and chains, over many blocks and partitions, with exact or near dedup alone too."""
+    near copies and chains, over many blocks and partitions, with exact or near dedup alone too;
+    through the distributed passes and through the one task that small corpora take."""
     for seed, cfg, blocks in [(1, Config(stage="dedup", batch_size=16), 9),
                               (2, Config(stage="dedup", batch_size=8), 4),
                               (3, Config(stage="dedup", exact=False, batch_size=32), 5),
                               (3, Config(stage="dedup", near=False, batch_size=32), 5)]:
+        cfg = cfg.model_copy(update={"one_task_max_docs": one_task_max_docs})
         docs = planted_corpus(seed)
         want = reference_verdicts(docs, cfg)
         out = run_global(dataset_of(ray_session, docs, blocks), cfg, Store(tmp_path / f"{seed}-{cfg.exact}"))
@@ -203,7 +206,7 @@ def test_the_driver_receives_counts_only(ray_session, tmp_path):
     """Run on a spied dataset: what comes back to the driver is row counts and the rounds' sums of
     changed edges, a few ints whatever the corpus; no rows, no iteration. A rerun over the same work
     folder (a killed run resumed) only applies the stored verdicts."""
-    cfg = Config(stage="dedup", batch_size=16)
+    cfg = Config(stage="dedup", batch_size=16, one_task_max_docs=0)  # the distributed passes
     docs = planted_corpus(4)
     dataset = dataset_of(ray_session, docs, 6)
     dataset.context.shuffle_strategy = "sort_shuffle_pull_based"  # as the runner's add_stage sets

@@ -1,4 +1,9 @@
-"""Extraction, language ID, quality rules, PII and mojibake repair on documents made here."""
+"""Extraction, language ID, quality rules, PII and mojibake repair on documents made here
+(and, opt-in, extraction on the shared pages with gold text)."""
+import importlib.util
+import statistics
+from pathlib import Path
+
 import pytest
 
 from datapipe.schema import new_document
@@ -25,7 +30,7 @@ def run(module, text, kind="text", **options):
     return stage([new_document("t", "1", text, kind=kind)])[0]
 
 
-@pytest.mark.parametrize("backend", ["resiliparse", "trafilatura", "fallback"])
+@pytest.mark.parametrize("backend", ["article", "precise", "resiliparse", "trafilatura", "fallback"])
 def test_extract_keeps_the_article_and_drops_the_menu(backend):
     nav = "".join(f"<li><a href='/{i}'>Menu item {i}</a></li>" for i in range(30))
     html = (f"<html><head><title>News</title><script>var x = 1;</script></head><body><nav><ul>{nav}</ul></nav>"
@@ -34,6 +39,38 @@ def test_extract_keeps_the_article_and_drops_the_menu(backend):
     doc = run(extract, html, kind="html", backend=backend)
     assert not doc["reject"] and doc["kind"] == "text" and "river flooded" in doc["text"]
     assert "Menu item 17" not in doc["text"] and "var x" not in doc["text"]
+
+
+def test_extract_narrows_to_the_article_container_and_drops_comments():
+    teasers = "".join(f"<li><p>Related story {i}: {ARTICLE}</p></li>" for i in range(3))
+    html = (f"<html><body><div class='page'><article><h1>Flood</h1>{''.join(f'<p>{ARTICLE}</p>' for _ in range(5))}"
+            "</article><section class='comments' id='comments'><h3>34 comments</h3>"
+            f"<div class='comment'><p>Reader comment: {ARTICLE}</p></div></section>"
+            f"<aside><ul>{teasers}</ul></aside></div></body></html>")
+    doc = run(extract, html, kind="html")
+    assert doc["notes"]["extract"] == {"extractor": "resiliparse:container"}
+    assert "river flooded" in doc["text"] and "Related story" not in doc["text"] and "Reader comment" not in doc["text"]
+
+
+GOLD_PAGES = Path(__file__).resolve().parents[2] / "shared" / "data" / "web_text" / "html_pages"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GOLD_PAGES.is_dir(), reason="needs ../shared/data/web_text/html_pages (the shared data folder)")
+def test_default_extractor_matches_trafilatura_on_pages_with_gold_text():
+    """bench/extract.py's pages and scoring: the default at least trafilatura's mean bag-of-words F1
+    over all full gold texts, `precise` at least trafilatura's on the news pages too."""
+    spec = importlib.util.spec_from_file_location("bench_extract", Path(__file__).parents[1] / "bench" / "extract.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    pages = [page for page in bench.load_gold() if page["type"] != "goose3"]
+    f1 = {name: [bench.scores(extract_text(page["html"]), page["gold"])[2] for page in pages]
+          for name, extract_text in [("default", bench.ours(extract.Config.model_fields["backend"].default)),
+                                     ("precise", bench.ours("precise")),
+                                     ("trafilatura", bench.peers()["trafilatura"])]}
+    news = [i for i, page in enumerate(pages) if page["type"] == "news"]
+    assert statistics.mean(f1["default"]) >= statistics.mean(f1["trafilatura"])
+    assert statistics.mean(f1["precise"][i] for i in news) >= statistics.mean(f1["trafilatura"][i] for i in news)
 
 
 def test_extract_rejects_a_page_without_text_and_leaves_other_kinds():
@@ -76,7 +113,7 @@ def test_short_lines_fail_fineweb_and_groups_can_be_switched_off():
 
 def test_c4_keeps_only_lines_that_end_a_sentence():
     doc = run(quality, GOOD + "\nShare on Facebook\nThis site uses cookies to work properly.",
-              gopher_repetition=None, gopher_quality=None, fineweb=None)
+              preset="c4", c4={"bad_words": False})
     assert not doc["reject"] and "Share on Facebook" not in doc["text"] and "cookies" not in doc["text"]
 
 
@@ -88,6 +125,7 @@ def test_langid_sets_language_and_filters():
     unsure = run(langid, "ok 123", min_score=0.99)  # every language kept: only the score can reject it
     assert unsure["reject"] == "langid.low_score" and unsure["language_score"] < 0.99
     assert run(langid, ARTICLE, min_score=0.5)["reject"] == ""
+    assert langid.to_confidence(1.00012) == 1.0 and langid.to_confidence(0.123456) == 0.1235
 
 
 def test_pii_is_replaced_by_typed_placeholders_and_counted():
@@ -102,3 +140,22 @@ def test_mojibake_is_repaired_only_when_asked():
     broken = "The cafÃ© served crÃ¨me brÃ»lÃ©e."
     assert run(normalize, broken, fix_mojibake=True)["text"] == "The café served crème brûlée."
     assert run(normalize, broken)["text"] == broken
+
+
+def test_presets_follow_their_published_pipelines():
+    # 7 of 10 lines without terminal punctuation: C4 drops them (then too few sentences), FineWeb's C4 step
+    # keeps them and FineWeb's own rule needs only 12% of lines to end a sentence.
+    headline_style = "\n".join(line.rstrip(".") if i % 10 < 7 else line for i, line in enumerate(GOOD.splitlines()))
+    assert run(quality, headline_style, preset="c4", c4={"bad_words": False})["reject"] == "quality.c4.too_few_sentences"
+    assert run(quality, headline_style)["reject"] == ""  # fineweb, the default
+    gopher = quality.Config(stage="quality", preset="gopher")
+    assert gopher.c4 is None and gopher.fineweb is None and gopher.gopher_quality is not None
+    tuned = quality.Config(stage="quality", c4={"min_num_sentences": 3})  # laid over the preset, not replacing it
+    assert tuned.c4.min_num_sentences == 3 and not tuned.c4.filter_no_terminal_punct
+    with pytest.raises(ValueError, match="fineweb"):
+        quality.Config(stage="quality", preset="dclm")
+
+
+def test_sentences_split_before_a_non_ascii_capital_as_in_spacy():
+    assert split_words("Year.Â Julia") == ["Year", ".", "Â", "Julia"]
+    assert count_sentences(split_words("Happy New Year.Â Julia said so.Ça va")) == 3

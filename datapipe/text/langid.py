@@ -36,7 +36,7 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
         for doc in docs:
             # One text per call: fasttext-predict's list form returns labels without scores.
             (label,), (score,) = model.predict(" ".join(doc["text"][: cfg.max_chars].split()), k=1)
-            language, confidence = label.removeprefix("__label__"), round(float(score), 4)
+            language, confidence = label.removeprefix("__label__"), to_confidence(score)
             doc["language"], doc["language_score"] = language, confidence
             if keep and language not in keep:
                 doc["reject"] = "langid.language"
@@ -45,6 +45,12 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
         return docs
 
     return identify
+
+
+def to_confidence(score: float) -> float:
+    """fastText's probability, 4 decimals, clamped to min_score's 0-1 range: its softmax can come out
+    a hair above 1 (1.0001 seen on real pages)."""
+    return min(max(round(float(score), 4), 0.0), 1.0)
 
 
 @lru_cache(maxsize=1)

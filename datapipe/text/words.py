@@ -19,16 +19,26 @@ PUNCT = r",:;!?¿؟¡()\[\]{}<>_#*&。？！，、；：～·।،۔؛٪"
 QUOTES = r"'\"”“`‘´’‚„»«「」『』（）〔〕【】《》〈〉"
 CURRENCY = r"$£€¥฿₽₹₩₪₫₴₺"
 UNITS = r"km|m|cm|mm|kg|g|mg|lb|lbs|oz|ft|mi|mph|kph|km/h|ml|l|gb|GB|mb|MB|kb|KB|tb|TB|hz|Hz|kHz|MHz|GHz|K|%"
+
+
+def letters(category: str) -> str:
+    """A regex class body of the Latin, Greek and Cyrillic letters of one case ("Ll", "Lu"): spaCy's
+    ALPHA_LOWER/ALPHA_UPPER, so "Year.Â Julia" splits at the period as spaCy does (2 sentences, not 1)."""
+    found = (chr(code) for code in range(0x41, 0x530) if unicodedata.category(chr(code)) == category)
+    return "".join(found)
+
+
+LOWER, UPPER = letters("Ll"), letters("Lu")
 # spaCy's English rules in short: split on whitespace, then peel prefixes and suffixes
 # off each chunk, then split inside it at a few infixes; exceptions keep abbreviations
 # whole and split contractions.
 PREFIX = re.compile(rf"^(?:[§%=—–]|\+(?![0-9])|\.\.+|…|[{PUNCT}]|[{QUOTES}]|US\$|C\$|A\$|[{CURRENCY}])")
 SUFFIX = re.compile(
     rf"(?:\.\.+|…|[{PUNCT}]|[{QUOTES}]|['’][sS]|—|–|(?<=[0-9])\+|(?<=[0-9])(?:[{CURRENCY}]|{UNITS})"
-    rf"|(?<=[0-9a-zß-ÿ{PUNCT}{QUOTES}])\.|(?<=[A-Z][A-Z])\.)$"
+    rf"|(?<=[0-9{LOWER}{PUNCT}{QUOTES}])\.|(?<=[{UPPER}][{UPPER}])\.)$"
 )
 INFIX = re.compile(
-    r"\.\.+|…|(?<=[0-9])[+\-*^](?=[0-9-])|(?<=[a-z'\"”“’])\.(?=[A-Z'\"”“’])|(?<=[^\W\d_]),(?=[^\W\d_])"
+    rf"\.\.+|…|(?<=[0-9])[+\-*^](?=[0-9-])|(?<=[{LOWER}'\"”“’])\.(?=[{UPPER}'\"”“’])|(?<=[^\W\d_]),(?=[^\W\d_])"
     r"|(?<=[^\W_])(?:---|--|——|-|–|—|~)(?=[^\W\d_])|(?<=[^\W_])[:<>=/](?=[^\W\d_])"
 )
 URL = re.compile(
