@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class RenderOptions(BaseModel):
@@ -30,6 +30,15 @@ class RenderOptions(BaseModel):
     memory_mb: int = Field(1024, ge=128)  # address-space cap of a sandboxed worker (SVG) / V8 heap (web)
     external_refs: Literal["reject", "strip"] = "reject"  # non-local, non-data: references: the pair must match
     max_input_bytes: int = Field(4 << 20, ge=1024)  # larger inputs are rejected as render.too_large
+    font_dirs: list[str] = []  # SVG: folders of extra fonts (world-readable), beside the system's
+
+    @field_validator("font_dirs")
+    @classmethod
+    def _folders(cls, font_dirs: list[str]) -> list[str]:
+        missing = [folder for folder in font_dirs if not Path(folder).is_dir()]
+        if missing:
+            raise ValueError(f"font_dirs: {', '.join(missing)} is not a folder; give folders of .ttf/.otf files")
+        return [str(Path(folder).resolve()) for folder in font_dirs]
 
 
 @dataclass

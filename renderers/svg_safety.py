@@ -35,16 +35,16 @@ from urllib.parse import unquote, unquote_to_bytes
 from xml.parsers import expat
 
 from renderers.base import RenderError, RenderOptions, file_inside
+from renderers.css_refs import rewrite_css
 
-MAX_ENTITY_EXPANSION = 1 << 20  # characters all entity references may add; 1 MiB is 100x any real SVG's
+MAX_ENTITY_EXPANSION = 1 << 20  # characters entities and attribute defaults may add; 1 MiB is 100x any real SVG's
 MAX_DEPTH = 256  # real SVGs nest < 30 levels
 MAX_NESTED_SVG = 3  # data:image/svg+xml images inside each other
 MAX_EXPANDED_ELEMENTS = 200_000  # a 400 KB emoji has ~5,000 elements; a flag with 50 <use> stars ~600
 SVG_NS = "http://www.w3.org/2000/svg"
 ENTITY_REF = re.compile(r"[&%][A-Za-z_:][\w.:-]*;")
-REFERENCE_BYTES = re.compile(rb"&([^&;\s]+);")  # every &name; in one pass; a name holds none of & ; or spaces
-CSS_URL = re.compile(r"""url\(\s*(['"]?)(.*?)\1\s*\)""", re.IGNORECASE | re.DOTALL)
-CSS_IMPORT = re.compile(r"""@import\s+(?:url\()?\s*['"]?([^'")\s;]+)['"]?\s*\)?[^;]*;?""", re.IGNORECASE)
+REFERENCE_BYTES = re.compile(rb"[&%]([^&%;\s]+);")  # every &name; and %name; in one pass
+TAG_NAME = re.compile(rb"<([^\s/>!?]+)")  # every element start, by its name as written
 STYLESHEET_PI = re.compile(r"<\?xml-stylesheet\b", re.IGNORECASE)
 
 
@@ -67,16 +67,19 @@ def check_svg(code: str, asset_dir: Path | None, options: RenderOptions, nesting
         raise RenderError("too_large", f"{len(data)} bytes > max_input_bytes={options.max_input_bytes}")
     check_entities(data)
     root, namespaces = parse_tree(data)
-    try:
-        check_shape(root)
-    except RecursionError:
-        raise RenderError("too_large", "<use> chains nest too deep") from None
+    check_shape(root)
     asset_dir = asset_dir.resolve() if asset_dir is not None else None  # once, not once per reference
     return check_references(code, root, namespaces, asset_dir, options, nesting)
 
 
 def check_entities(data: bytes) -> None:
-    entities: dict[str, str] = {}
+    """Read the DTD alone, adding up what each declaration will cost when expanded *before* expat
+    expands it: an entity's length times its references (counted in one scan of the whole file,
+    the DTD's own attribute defaults included), an attribute default's length times the elements
+    it applies to. A 2 MiB entity in an ATTLIST default on 500,000 <g/> would otherwise be 1 TB."""
+    references = Counter(REFERENCE_BYTES.findall(data))  # one scan: a scan per entity took 17 s on 40,000
+    tags = Counter(TAG_NAME.findall(data))  # every <name, comments included: an upper bound
+    budget = ExpansionBudget()
     parser = expat.ParserCreate()
     parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
 
@@ -85,12 +88,16 @@ def check_entities(data: bytes) -> None:
             raise RenderError("external_reference", f"external entity {name!r} -> {system_id or public_id}")
         if ENTITY_REF.search(value):
             raise RenderError("entity_bomb", f"entity {name!r} refers to other entities")
-        entities[name] = value
+        budget.add(len(value) * references[name.encode()], "entity references")
+
+    def on_attlist(element, attribute, kind, default, required):
+        budget.add(len(default or "") * tags[element.encode()], f"<{element} {attribute}> defaults")
 
     def on_start(*_):
         raise _DtdDone
 
     parser.EntityDeclHandler = on_entity
+    parser.AttlistDeclHandler = on_attlist
     parser.StartElementHandler = on_start
     try:
         parser.Parse(data, True)
@@ -98,16 +105,18 @@ def check_entities(data: bytes) -> None:
         pass
     except expat.ExpatError as err:
         raise RenderError("invalid", f"XML: {err}") from None
-    expansion = entity_expansion(data, entities)
-    if expansion > MAX_ENTITY_EXPANSION:
-        raise RenderError("entity_bomb", f"entity references expand to {expansion:,} characters")
 
 
-def entity_expansion(data: bytes, entities: dict[str, str]) -> int:
-    """Characters the references to `entities` add. One scan counts every reference: a scan per
-    entity took 17 s on 40,000 declared entities."""
-    references = Counter(REFERENCE_BYTES.findall(data))
-    return sum(len(value) * references[name.encode()] for name, value in entities.items())
+class ExpansionBudget:
+    """Characters that entity references and attribute defaults may add, summed as declared."""
+
+    def __init__(self):
+        self.total = 0
+
+    def add(self, characters: int, what: str) -> None:
+        self.total += characters
+        if self.total > MAX_ENTITY_EXPANSION:
+            raise RenderError("entity_bomb", f"{what} expand to {self.total:,} characters")
 
 
 def parse_tree(data: bytes) -> tuple[ET.Element, dict[str, str]]:
@@ -137,24 +146,33 @@ def local_name(tag: str) -> str:
 
 
 def check_shape(root: ET.Element) -> None:
-    """Reject <use> amplification: count elements as the renderer would after expanding every use."""
+    """Reject <use> amplification: count elements as the renderer would after expanding every use
+    (children and a use's target, depth first without recursion, so a deep but finite chain of
+    uses is counted, not a RecursionError), and reject a use whose target contains it (a cycle)."""
     by_id = {el.get("id"): el for el in root.iter() if el.get("id")}
-    sizes: dict[int, int] = {}
+    sizes: dict[int, int] = {}  # id(element) -> elements once expanded
+    on_path: set[int] = set()
+    stack: list[tuple[ET.Element, bool]] = [(root, False)]
+    while stack:
+        el, children_done = stack.pop()
+        if children_done:
+            on_path.discard(id(el))
+            sizes[id(el)] = 1 + sum(sizes[id(part)] for part in expansion(el, by_id))
+            if sizes[id(el)] > MAX_EXPANDED_ELEMENTS:
+                raise RenderError("too_large", f"<use> expands to more than {MAX_EXPANDED_ELEMENTS:,} elements")
+        elif id(el) not in sizes:
+            on_path.add(id(el))
+            stack.append((el, True))
+            for part in expansion(el, by_id):
+                if id(part) in on_path:
+                    raise RenderError("invalid", f"<use> cycle: {href_of(el)[:100]!r} contains the <use> itself")
+                stack.append((part, False))
 
-    def expanded(el: ET.Element, active: frozenset) -> int:
-        key = id(el)
-        if key in sizes:
-            return sizes[key]
-        total = 1 + sum(expanded(child, active) for child in el)
-        target = by_id.get(href_of(el).removeprefix("#")) if local_name(el.tag) == "use" else None
-        if target is not None and id(target) not in active:  # a use cycle renders nothing; renderers skip it
-            total += expanded(target, active | {key})
-        sizes[key] = total
-        if total > MAX_EXPANDED_ELEMENTS:
-            raise RenderError("too_large", f"<use> expands to more than {MAX_EXPANDED_ELEMENTS:,} elements")
-        return total
 
-    expanded(root, frozenset())
+def expansion(el: ET.Element, by_id: dict[str, ET.Element]) -> list[ET.Element]:
+    """What an element draws: its children, and for a <use> the element it refers to."""
+    target = by_id.get(href_of(el).removeprefix("#")) if local_name(el.tag) == "use" else None
+    return [*el, target] if target is not None else list(el)
 
 
 def href_of(el: ET.Element) -> str:
@@ -184,17 +202,17 @@ def check_references(code: str, root: ET.Element, namespaces: dict[str, str], as
 
 
 def clean_css(css: str, asset_dir: Path | None, result: CheckedSvg, options: RenderOptions) -> str:
-    def on_import(match: re.Match) -> str:
-        outside(result, match.group(1), options)  # an imported sheet is never inlined: it is code we did not check
+    def on_import(statement: str) -> str:
+        outside(result, statement, options)  # an imported sheet is never inlined: it is code we did not check
         return ""
 
-    def on_url(match: re.Match) -> str:
-        if is_allowed(match.group(2).strip(), asset_dir, result, options):
-            return match.group(0)
-        outside(result, match.group(2), options)
+    def on_url(reference: str, token: str) -> str:
+        if is_allowed(reference, asset_dir, result, options):
+            return token
+        outside(result, reference, options)
         return "none"
 
-    return CSS_URL.sub(on_url, CSS_IMPORT.sub(on_import, css))
+    return rewrite_css(css, on_import, on_url)
 
 
 def outside(result: CheckedSvg, reference: str, options: RenderOptions) -> None:
