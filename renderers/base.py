@@ -64,7 +64,9 @@ REASONS = {
     "external_reference": "the input refers to a file, URL or entity outside its folder (external_refs: reject)",
     "entity_bomb": "a DTD whose entities nest or expand past the limit (billion laughs)",
     "too_large": "input bytes, nesting depth or <use> expansion past the limits",
-    "invalid": "not parseable as the kind it claims (malformed XML, no <svg> root)",
+    "invalid": "not parseable as the kind it claims (malformed XML, no <svg> root, a <use> cycle)",
+    "navigated_away": "a page that left itself during the render (meta refresh, location.href, a form submitting)",
+    "error_page": "the main frame showed Chromium's error page or a document of another origin, not the page",
 }
 
 

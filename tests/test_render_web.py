@@ -5,6 +5,7 @@ import io
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -171,3 +172,40 @@ def test_same_page_same_pixels(web):
     page = '<html><body><script>document.write(Math.random())</script><p style="font:20px serif">Ag</p></body></html>'
     first, second = (web.render(page, None, OPTIONS).images[0] for _ in range(2))
     assert first == second  # Math.random is seeded; fonts are the machine's own
+
+
+SPIN_BEFORE_AND_AFTER_LOAD = """<html><body><p>x</p><script>
+const start = Date.now(); while (Date.now() - start < 3000) {}
+addEventListener("load", () => setTimeout(() => { while (true) {} }, 0));
+</script></body></html>"""
+
+
+def test_one_time_budget_covers_the_whole_render(web):
+    """Navigation and screenshot each had all of timeout_s: 3 s to load, then 4 s waiting for a
+    frame, then the clean-up (issue: 10-12 s with timeout_s=5). A full-page capture's height query
+    has no timeout of its own and waited forever; the watchdog ends it."""
+    for full_page in (False, True):
+        options = RenderOptions(viewports=[(320, 200)], timeout_s=4, full_page=full_page)
+        start = time.monotonic()
+        assert reject_reason(web, SPIN_BEFORE_AND_AFTER_LOAD, options=options) == "timeout"
+        assert time.monotonic() - start < options.timeout_s + 2  # loose: the grace and the kill, on a busy machine
+    assert red_pixels(web.render(RED_BOX, None, OPTIONS).images[0]) == 100 * 50
+
+
+@pytest.mark.parametrize("page, reason", [
+    ('<meta http-equiv="refresh" content="0;url=http://example.com/">hi', "navigated_away"),
+    ('<form id="f" action="http://example.com/post" method="post"></form><script>f.submit()</script>', "navigated_away"),
+    ('<script>addEventListener("load", () => setTimeout(() => location.href = "/other.html", 50))</script>hi',
+     "navigated_away"),  # same origin, a missing file, after load
+    ('<script>location.href = "about:blank"</script>hi', "error_page"),  # no request: another document all the same
+])
+def test_a_page_that_navigates_away_is_rejected_not_screenshotted(web, page, reason):
+    """Before: a screenshot of Chromium's error page (or of a blank document), kept as a sample."""
+    assert reject_reason(web, f"<html><body>{page}</body></html>") == reason
+    assert red_pixels(web.render(RED_BOX, None, OPTIONS).images[0]) == 100 * 50
+
+
+def test_history_and_fragments_stay_on_the_page(web):
+    page = '<html><body style="margin:0;background:#f00"><script>history.pushState({}, "", "/app/home"); ' \
+           'location.hash = "#top"</script></body></html>'
+    assert red_pixels(web.render(page, None, OPTIONS).images[0]) == 320 * 200
