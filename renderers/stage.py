@@ -59,8 +59,9 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
 
 def render_document(doc: Document, renderer, options: RenderOptions, gates: GateConfig) -> None:
     asset_dir = Path(doc["asset_dir"]) if doc["asset_dir"] else None  # never a source column: see datapipe.schema
+    page = {"name": doc["meta"]["page_path"]} if asset_dir and doc["meta"].get("page_path") else {}  # files reader
     try:
-        result = renderer.render(doc["text"], asset_dir, options)
+        result = renderer.render(doc["text"], asset_dir, options, **page)
     except RenderError as err:
         doc["reject"] = f"render.{err.reason}"
         doc["error"] = err.detail[:500]
