@@ -12,8 +12,9 @@ Isolation, each layer on its own enough to stop what it targets:
 - no network: an offline context AND --host-resolver-rules mapping every host to NOTFOUND
   (route interception alone lets sendBeacon and WebSocket through);
 - no files: a page is never opened from file://. It is served from an in-memory route at
-  http://render.invalid/<name>; the same route serves files under the page's own folder
-  (resolved, symlinks followed, size-capped) and answers everything else with an abort, so a
+  http://render.invalid/<name>; the same route serves files under the page's asset folder (its
+  own, or the root the files source chose with asset_root, where <name> is the page's path;
+  resolved, symlinks followed, size-capped) and answers everything else with an abort, so a
   page cannot embed /etc/hostname (an http origin cannot load file: URLs either);
 - one time budget: navigation, viewport changes, the page-height query and screenshots all draw
   on one deadline, `timeout_s` after the page is asked for (a page that spun 4 s before load and
