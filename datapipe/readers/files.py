@@ -45,7 +45,8 @@ EXTENSION_KINDS = {
 }
 DECLARED_CHARSET = re.compile(rb"""(?:encoding|charset)\s*=\s*["']?([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 MANIFEST_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
-CLIMB = re.compile(r"""(?:=|url\(|@import)\s*["']?\s*((?:\.\./)+)""", re.IGNORECASE)  # ../ at a reference's start
+# ../ at a reference's start; one \s* a side of the quote, so no run of spaces is split two ways (linear)
+CLIMB = re.compile(r"""(?:=|url\(|@import)\s*(?:["']\s*)?((?:\.\./)+)""", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
