@@ -121,6 +121,7 @@ class WebRenderer:
             raise RenderError("crashed", message) from None
         finally:
             watchdog.cancel()
+            watchdog.join()  # one that fired has finished killing before the next page's renderer starts
         self.check_still_the_page(page)
         return result
 
