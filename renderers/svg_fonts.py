@@ -10,12 +10,16 @@ Noto Sans, DejaVu Sans), and at the end the list's generic family, sans-serif wh
 none. A family that is installed still wins, since it comes first; resvg itself falls back per
 character for scripts the chosen font lacks (CJK, Arabic, Devanagari, emoji).
 
+Not rewritten: the `font` shorthand (`font: 12px Arial`), and SVG images embedded as data:
+URIs (their text falls back to the worker's default family only when they name none).
+
 The markup is scanned once, linearly: start tags and their quoted attributes (a value holds no
 `<`), and the text of <style> elements up to the next `</`. Markup without "font-family" is
 returned as it is, so icons pay nothing.
 """
 from __future__ import annotations
 
+import html
 import re
 
 from renderers.css_refs import NextIndex
@@ -46,7 +50,7 @@ CSS_FAMILY = re.compile(r"(font-family\s*:\s*)([^;}]{1,%d})" % MAX_FAMILY_LIST, 
 
 def resolve_families(families: str, installed: set[str]) -> str:
     """`families` (a CSS font-family list) followed by the installed fallbacks fontconfig would add."""
-    names = [name.strip().strip("'\"").strip() for name in families.split(",")]
+    names = [name.strip().strip("'\"").strip() for name in html.unescape(families).split(",")]  # &quot; too
     if names[0].lower() in CSS_KEYWORDS:
         return families
     important = names and names[-1].endswith("!important")
