@@ -73,8 +73,11 @@ REASONS = {
 def file_inside(root: Path, relative: str) -> Path | None:
     """The existing file `relative` names under `root` (already resolved), symlinks followed, or None
     when it is missing, not a file, or resolves outside root (../, an absolute path, a symlink out)."""
-    candidate = (root / relative).resolve()
-    return candidate if candidate.is_relative_to(root) and candidate.is_file() else None
+    try:
+        candidate = (root / relative).resolve()
+        return candidate if candidate.is_relative_to(root) and candidate.is_file() else None
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte: no such file
+        return None
 
 
 class Renderer(Protocol):

@@ -56,7 +56,7 @@ class SvgRenderer:
         if checked.stripped:
             meta["stripped_refs"] = checked.stripped
         if checked.local_files:
-            meta["local_files"] = [reference for reference, _ in checked.local_files]
+            meta["local_files"] = list(checked.local_files)
         return Render([png], meta, checked.code)
 
     def configure_worker(self, options: RenderOptions) -> None:
