@@ -6,7 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # System packages: the venv module, Cairo for cairosvg, Chromium and fonts for the web renderer.
-APT_PACKAGES := python3-venv python3-dev libcairo2 chromium fonts-liberation fonts-dejavu-core
+APT_PACKAGES := python3-venv python3-dev libcairo2 chromium fonts-liberation fonts-dejavu-core \
+	fonts-noto-core fonts-noto-cjk fonts-noto-color-emoji  # text in Latin, CJK, Arabic, Devanagari, emoji (issue 20)
 
 .PHONY: demo test install system-deps lint bench bench-deps clean
 

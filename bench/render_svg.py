@@ -13,6 +13,14 @@ then as many files from each collection), in the same run:
   is 90% single-path icons; and quality: each output is compared with Chromium's rendering of the
   same SVG (an <img> at the same size): "agrees" = at most 2% of pixels differ by more than
   48 levels in a channel (anti-aliasing differences stay below that; a lost shape does not).
+- text: every SVG of the corpus that has <text> (the manifest's "text" feature; of an svgo
+  fixture, `.svg.txt`, its input: the part before the first "@@@"), rendered as is
+  and with its <text> elements removed (both re-serialized the same way), by ours and by
+  cairosvg and Chromium: its text is drawn when the two pictures differ (a pixel off by more than
+  48 levels); the share counts the files whose text Chromium draws. The corpus has few such
+  files, so the same is measured on one line of Latin, CJK, Arabic and Devanagari text in each
+  of FAMILY_LISTS, the font-family values SVG exports and web pages commonly carry.
+  resvg drew no text in a family not installed under exactly its name (sans-serif, Arial).
 The machine is shared: CPU seconds, not wall time, and ratios are what to read. The last line
 is the summary.
 """
@@ -27,6 +35,7 @@ import random
 import statistics
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +50,72 @@ DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "svg"
 WARM_UP = '<svg xmlns="http://www.w3.org/2000/svg" width="24" height="24"><circle cx="12" cy="12" r="9"/></svg>'
 MISMATCH_LEVELS = 48  # a pixel differs when a channel is off by more than this (anti-aliasing stays below)
 AGREE_SHARE = 0.02  # a render agrees with Chromium when at most 2% of its pixels differ
+
+
+FAMILY_LISTS = [
+    "sans-serif", "serif", "monospace", "cursive", "fantasy", "system-ui", "Arial", "Helvetica",
+    "'Helvetica Neue', Helvetica, Arial, sans-serif", "'Times New Roman', Times, serif", "Georgia, serif",
+    "Verdana, Geneva, sans-serif", "'Courier New', monospace", "Roboto, 'Segoe UI', sans-serif", "'Open Sans'",
+    "-apple-system, BlinkMacSystemFont, 'Segoe UI'", "Lato", "Montserrat", "MyriadPro-Regular", "'Noto Sans'",
+    "'DejaVu Sans'", "'Liberation Serif'", "inherit", "Impact",
+]
+LINE = "Hamburgefonstiv 漢字かな 한글 نص عربي देवनागरी"
+
+
+def family_texts() -> list[tuple[str, None]]:
+    """For each of FAMILY_LISTS: an SVG with LINE in it, then the same without the text."""
+    texts = []
+    for families in FAMILY_LISTS:
+        text = f'<text x="8" y="60" font-size="28" font-family="{families}">{LINE}</text>'
+        for body in (text, ""):
+            texts.append((f'<svg xmlns="http://www.w3.org/2000/svg" width="720" height="100">{body}</svg>', None))
+    return texts
+
+
+def text_bearing() -> list[Path]:
+    rows = map(json.loads, (DATA / "manifest.jsonl").open())
+    return [DATA / row["file"] for row in rows if "text" in row["features"]]
+
+
+def with_and_without_text(path: Path) -> tuple[str, str] | None:
+    """The SVG re-serialized, and the same with every <text> removed; None when it does not parse."""
+    try:
+        root = ET.fromstring(path.read_bytes().split(b"@@@", 1)[0].strip())
+    except ET.ParseError:
+        return None
+    whole = ET.tostring(root, encoding="unicode")
+    for parent in list(root.iter()):
+        for child in [c for c in parent if isinstance(c.tag, str) and c.tag.rsplit("}", 1)[-1] == "text"]:
+            parent.remove(child)
+    return whole, ET.tostring(root, encoding="unicode")
+
+
+def text_drawn(options: RenderOptions, web: WebRenderer) -> dict[str, float]:
+    """Of the text-bearing SVGs whose text Chromium draws, the share whose text ours (and cairosvg)
+    draws too: "drawn" when removing the <text> elements changes the picture. Text in <defs>,
+    empty or transparent draws nothing anywhere; those files do not count."""
+    pairs = [pair for pair in map(with_and_without_text, text_bearing()) if pair]
+    corpus = drawn_shares([(svg, None) for pair in pairs for svg in pair], options, web)
+    families = drawn_shares(family_texts(), options, web)
+    return {"text_files": corpus[0], "text_drawn": corpus[1], "cairosvg_text_drawn": corpus[2],
+            "family_lists": families[0], "family_text_drawn": families[1], "cairosvg_family_text_drawn": families[2]}
+
+
+def drawn_shares(texts: list[tuple[str, None]], options: RenderOptions, web: WebRenderer) -> tuple[int, float, float]:
+    """(pairs whose text Chromium draws, the share of those ours draws, cairosvg's share)."""
+    ours, _ = run_ours(texts, options)
+    theirs, _ = run_cairosvg(texts, options)
+    visible = [index for index, shown in enumerate(drawn(chromium_references(web, texts, ours))) if shown]
+
+    def share(outputs: list) -> float:
+        return sum(drawn(outputs)[index] for index in visible) / max(len(visible), 1)
+
+    return len(visible), share(ours), share(theirs)
+
+
+def drawn(outputs: list) -> list[bool]:
+    """For each (with text, without text) pair of renders in `outputs`: does the text change the picture?"""
+    return [isinstance(a, bytes) and isinstance(b, bytes) and mismatch(a, b) > 0 for a, b in zip(outputs[::2], outputs[1::2])]
 
 
 def collections() -> dict[str, list[Path]]:
@@ -170,7 +245,11 @@ def main() -> None:
                                  "peer_agree": agreement(result["theirs"], references)}
         agree.append(strata[name]["agree"][0])
         agree_peer.append(strata[name]["peer_agree"][0])
+    text = text_drawn(options, web)
     web.close()
+    print(f"text: {text['text_files']} SVGs whose <text> Chromium draws; drawn by ours {text['text_drawn']:.1%}, "
+          f"by cairosvg {text['cairosvg_text_drawn']:.1%}; {text['family_lists']} common font-family lists: "
+          f"drawn by ours {text['family_text_drawn']:.1%}, by cairosvg {text['cairosvg_family_text_drawn']:.1%}")
     print(f"per collection ({args.per_collection} files each): renders per CPU-s ours / cairosvg, and the share of "
           f"files within {AGREE_SHARE:.0%} of Chromium's pixels")
     for name, r in strata.items():
@@ -180,6 +259,10 @@ def main() -> None:
           f"cairosvg_renders_per_cpu_s={uniform['peer_rate']:.1f} success={uniform['success']:.3f} "
           f"cairosvg_success={uniform['peer_success']:.3f} same_size={uniform['same_size']:.3f} "
           f"chromium_agree={statistics.mean(agree):.3f} cairosvg_chromium_agree={statistics.mean(agree_peer):.3f} "
+          f"text_files={text['text_files']} text_drawn={text['text_drawn']:.3f} "
+          f"cairosvg_text_drawn={text['cairosvg_text_drawn']:.3f} family_lists={text['family_lists']} "
+          f"family_text_drawn={text['family_text_drawn']:.3f} "
+          f"cairosvg_family_text_drawn={text['cairosvg_family_text_drawn']:.3f} "
           f"x_vs_cairosvg={uniform['rate'] / uniform['peer_rate']:.2f}")
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class RenderOptions(BaseModel):
@@ -30,6 +30,15 @@ class RenderOptions(BaseModel):
     memory_mb: int = Field(1024, ge=128)  # address-space cap of a sandboxed worker (SVG) / V8 heap (web)
     external_refs: Literal["reject", "strip"] = "reject"  # non-local, non-data: references: the pair must match
     max_input_bytes: int = Field(4 << 20, ge=1024)  # larger inputs are rejected as render.too_large
+    font_dirs: list[str] = []  # SVG: folders of extra fonts (world-readable), beside the system's
+
+    @field_validator("font_dirs")
+    @classmethod
+    def _folders(cls, font_dirs: list[str]) -> list[str]:
+        missing = [folder for folder in font_dirs if not Path(folder).is_dir()]
+        if missing:
+            raise ValueError(f"font_dirs: {', '.join(missing)} is not a folder; give folders of .ttf/.otf files")
+        return [str(Path(folder).resolve()) for folder in font_dirs]
 
 
 @dataclass
@@ -55,15 +64,20 @@ REASONS = {
     "external_reference": "the input refers to a file, URL or entity outside its folder (external_refs: reject)",
     "entity_bomb": "a DTD whose entities nest or expand past the limit (billion laughs)",
     "too_large": "input bytes, nesting depth or <use> expansion past the limits",
-    "invalid": "not parseable as the kind it claims (malformed XML, no <svg> root)",
+    "invalid": "not parseable as the kind it claims (malformed XML, no <svg> root, a <use> cycle)",
+    "navigated_away": "a page that left itself during the render (meta refresh, location.href, a form submitting)",
+    "error_page": "the main frame showed Chromium's error page or a document of another origin, not the page",
 }
 
 
 def file_inside(root: Path, relative: str) -> Path | None:
     """The existing file `relative` names under `root` (already resolved), symlinks followed, or None
     when it is missing, not a file, or resolves outside root (../, an absolute path, a symlink out)."""
-    candidate = (root / relative).resolve()
-    return candidate if candidate.is_relative_to(root) and candidate.is_file() else None
+    try:
+        candidate = (root / relative).resolve()
+        return candidate if candidate.is_relative_to(root) and candidate.is_file() else None
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte: no such file
+        return None
 
 
 class Renderer(Protocol):

@@ -145,6 +145,7 @@ class Sandbox:
         self.process: subprocess.Popen | None = None
         self.uid: int | None = None
         self.restarts = 0
+        self.env: dict[str, str] = {}  # added to worker_env() for the next worker (settings its preload reads)
 
     def call(self, header: dict[str, Any], payload: bytes, timeout_s: float) -> tuple[dict[str, Any], bytes]:
         process = self.ensure_started()
@@ -173,7 +174,7 @@ class Sandbox:
         command = [sys.executable, "-m", "renderers.sandbox", "serve", self.target, self.limits.to_json(),
                    "" if self.uid is None else str(self.uid)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, start_new_session=True, cwd="/", env=worker_env())
+                                        stderr=subprocess.DEVNULL, start_new_session=True, cwd="/", env=worker_env() | self.env)
         self.restarts += 1
         try:
             read_frame(self.process.stdout.fileno(), time.monotonic() + STARTUP_TIMEOUT_S)

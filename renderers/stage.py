@@ -3,12 +3,13 @@
 Runs as a Ray actor pool (Config.actor): each actor keeps one renderer per kind warm (a
 sandboxed resvg worker with its font database, a Chromium page) and reserves `num_cpus`.
 For every render, in order: the renderer's own checks and limits (render.too_large,
-entity_bomb, external_reference, invalid, timeout, crashed), then the quality gates on every
-image (render.blank, render.low_detail). A kept document has doc["media"] = the PNGs (one per
+entity_bomb, external_reference, invalid, timeout, crashed, navigated_away, error_page), then
+the quality gates on every image (render.blank, render.low_detail). A kept document has doc["media"] = the PNGs (one per
 view) and notes["render"] = renderer, version, options, sizes, gate measures and a 64-bit
 dHash per image; its text stays the code (or becomes the stripped markup that was actually
 rendered); a reject's detail goes to doc["error"]. Local files come only from the folder
-Document.asset_dir names, which only the files reader sets. Documents of other kinds pass
+Document.asset_dir names, which only the files reader sets (with meta["page_path"], the page's
+path inside it, when asset_root made it a folder above the page's own). Documents of other kinds pass
 through untouched. Near-duplicates are the next stage's job (render_dedup), which sees
 every render in order.
 """
@@ -59,8 +60,9 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
 
 def render_document(doc: Document, renderer, options: RenderOptions, gates: GateConfig) -> None:
     asset_dir = Path(doc["asset_dir"]) if doc["asset_dir"] else None  # never a source column: see datapipe.schema
+    page = {"name": doc["meta"]["page_path"]} if asset_dir and doc["meta"].get("page_path") else {}  # files reader
     try:
-        result = renderer.render(doc["text"], asset_dir, options)
+        result = renderer.render(doc["text"], asset_dir, options, **page)
     except RenderError as err:
         doc["reject"] = f"render.{err.reason}"
         doc["error"] = err.detail[:500]

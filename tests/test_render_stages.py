@@ -180,3 +180,14 @@ def test_render_kinds_without_a_renderer_are_refused_when_the_recipe_loads():
                          "stages": [{"stage": "render", "kinds": ["svg", "pdf"]}, {"stage": "tokenize"}]})
     with pytest.raises(KeyError, match="known kinds: html, svg"):
         make_renderer("mesh")
+
+
+def test_a_files_source_asset_root_starts_at_the_recipe_folder(tmp_path):
+    (tmp_path / "site").mkdir()
+    raw = {"name": "x", "base_dir": str(tmp_path), "sources": [{"name": "a", "type": "files", "paths": ["site"],
+                                                               "asset_root": "site"}],
+           "stages": [{"stage": "tokenize"}]}
+    assert validate_recipe(raw).sources[0].asset_root == str(tmp_path / "site")
+    raw["sources"][0]["asset_root"] = "absent"
+    with pytest.raises(RecipeError, match=r"sources\.a\.asset_root: .*absent is not a folder"):
+        validate_recipe(raw)

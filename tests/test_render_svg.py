@@ -1,6 +1,12 @@
 """The SVG renderer with real resvg and cairosvg: pixels where they belong, hostile input rejected."""
 import base64
+import gzip
 import io
+import itertools
+import json
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +14,7 @@ from PIL import Image
 
 from renderers.base import RenderError, RenderOptions
 from renderers.svg import SvgRenderer
+from renderers.svg_safety import MAX_ENTITY_EXPANSION
 from tests.conftest import rgb
 
 SHARED_SVG = Path(__file__).resolve().parents[2] / "shared" / "data" / "svg"
@@ -73,14 +80,16 @@ def test_flat_quadratic_entity_expansion_is_rejected(renderer):
 
 def test_many_small_entities_are_counted_in_one_pass(renderer):
     """20,000 declared entities, entity i (i % 7 + 10 characters) referenced i % 5 + 3 times: one scan
-    of the file per entity took 17 s on 40,000; the total (1.3 M > MAX_ENTITY_EXPANSION) must be exact."""
+    of the file per entity took 17 s on 40,000; the count is exact, and stops at the first entity that
+    takes the total (1.3 M in all) past MAX_ENTITY_EXPANSION."""
     count = 20_000
     declared = "".join(f'<!ENTITY e{i} "{"x" * (i % 7 + 10)}">' for i in range(count))
     text = "".join(f"&e{i};" * (i % 5 + 3) for i in range(count))
     noise = f"&amp;e0;&e{count};"  # text that only looks like e0, and an undeclared entity: they add nothing
     svg = f'<!DOCTYPE svg [{declared}]><svg {SVG}><text>{noise}{text}</text></svg>'
     error = reject_error(renderer, svg)
-    expansion = sum((i % 7 + 10) * (i % 5 + 3) for i in range(count))
+    expansion = next(total for total in itertools.accumulate((i % 7 + 10) * (i % 5 + 3) for i in range(count))
+                     if total > MAX_ENTITY_EXPANSION)
     assert error.reason == "entity_bomb" and f"expand to {expansion:,} characters" in error.detail
 
 
@@ -182,3 +191,78 @@ def red_png() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (10, 10), (255, 0, 0)).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+FULL_SIZE = 4 << 20  # max_input_bytes' default: a hostile input gets all of it
+
+
+def full_size(head: str, unit: str, tail: str) -> str:
+    """head + unit repeated + tail, as close under FULL_SIZE as whole units allow."""
+    return head + unit * ((FULL_SIZE - len(head) - len(tail)) // len(unit)) + tail
+
+
+HOSTILE_AT_FULL_SIZE = {
+    # a 512 KiB entity referenced once (under MAX_ENTITY_EXPANSION), in an attribute default that
+    # applies to 900,000 <g/>: 470 GB once the parser expands it
+    "attlist_default": lambda: full_size(f'<!DOCTYPE svg [<!ENTITY a "{"A" * (512 << 10)}">'
+                                         f'<!ATTLIST g class CDATA "&a;">]><svg {SVG}>', "<g/>", "</svg>"),
+    # the same without an entity: a literal default, so only counting elements catches it
+    "attlist_literal": lambda: full_size(f'<!DOCTYPE svg [<!ATTLIST g class CDATA "{"A" * (2 << 20)}">]><svg {SVG}>',
+                                         "<g/>", "</svg>"),
+    # url( a million times with no ): a regex that retries the rest at each one is quadratic (48 KB took 24.6 s)
+    "css_url": lambda: full_size(f"<svg {SVG}><style>", "url(", "</style></svg>"),
+    # @import, then 4 MiB of spaces and no reference: quadratic backtracking in \\s+ ... \\s*
+    "css_import": lambda: full_size(f"<svg {SVG}><style>@import", " ", ";</style></svg>"),
+    # 700 svgz images, each inflating to 4 MiB and checked: 3 GB of parsing in the caller (7 CPU-minutes)
+    "svgz_images": lambda: full_size(f"<svg {SVG}>", f'<image href="data:image/svg+xml;base64,{svgz_comment()}"/>',
+                                     "</svg>"),
+    # 144,000 spellings of one 1 MiB local image, each read and base64-encoded: 200 GB
+    "local_spellings": lambda: (f"<svg {SVG}>" + "".join(f'<image href="big.png?{i:06d}"/>' for i in range(
+        (FULL_SIZE - 200) // 30)) + "</svg>"),
+}
+
+
+def svgz_comment() -> str:
+    """A 4 MiB SVG (a comment, mostly) gzipped to about 4 KB, base64."""
+    inner = f"<svg {SVG}><!--{'A' * ((4 << 20) - 200)}--></svg>".encode()
+    return base64.b64encode(gzip.compress(inner)).decode()
+MEASURE_CALLER = """
+import json, resource, sys, time
+from pathlib import Path
+from renderers.base import RenderError, RenderOptions
+from renderers.svg import SvgRenderer
+code = sys.stdin.read()
+renderer = SvgRenderer()
+before, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.process_time()
+try:
+    renderer.render(code, Path(sys.argv[1]), RenderOptions(timeout_s=2))
+    reason = "rendered"
+except RenderError as err:
+    reason = err.reason
+cpu, after = time.process_time() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+renderer.close()
+print(json.dumps({"reason": reason, "cpu_s": cpu, "grew_mb": (after - before) / 1024}))
+"""
+
+
+def limit_child() -> None:
+    """Old code spent 800 GB or hours here: a cap turns that into a failed test, not a dead machine."""
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_AT_FULL_SIZE))
+def test_hostile_markup_at_full_size_leaves_the_caller_flat(case, tmp_path):
+    """The checks that run in the caller (outside the sandbox) are linear and bounded: at the 4 MiB
+    limit, memory grows by what parsing plain markup of that size takes, CPU stays around timeout_s."""
+    code = HOSTILE_AT_FULL_SIZE[case]()
+    assert FULL_SIZE - (64 << 10) < len(code.encode()) <= FULL_SIZE
+    (tmp_path / "big.png").write_bytes(bytes(1 << 20))  # what local_spellings names
+    child = subprocess.run([sys.executable, "-c", MEASURE_CALLER, str(tmp_path)], input=code, capture_output=True,
+                           text=True,
+                           cwd=Path(__file__).resolve().parents[1], preexec_fn=limit_child, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    measured = json.loads(child.stdout.splitlines()[-1])
+    assert measured["reason"] in ("entity_bomb", "external_reference", "too_large"), measured
+    # loose: linear code takes 0.1-1 s; memory is the tree (144,000 elements: 70 MB), as for plain markup
+    assert measured["grew_mb"] < 160 and measured["cpu_s"] < 5, measured

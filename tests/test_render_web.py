@@ -5,6 +5,7 @@ import io
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -171,3 +172,89 @@ def test_same_page_same_pixels(web):
     page = '<html><body><script>document.write(Math.random())</script><p style="font:20px serif">Ag</p></body></html>'
     first, second = (web.render(page, None, OPTIONS).images[0] for _ in range(2))
     assert first == second  # Math.random is seeded; fonts are the machine's own
+
+
+SPIN_BEFORE_AND_AFTER_LOAD = """<html><body><p>x</p><script>
+const start = Date.now(); while (Date.now() - start < 3000) {}
+addEventListener("load", () => setTimeout(() => { while (true) {} }, 0));
+</script></body></html>"""
+
+
+def test_one_time_budget_covers_the_whole_render(web):
+    """Navigation and screenshot each had all of timeout_s: 3 s to load, then 4 s waiting for a
+    frame, then the clean-up (issue: 10-12 s with timeout_s=5). A full-page capture's height query
+    has no timeout of its own and waited forever; the watchdog ends it."""
+    for full_page in (False, True):
+        options = RenderOptions(viewports=[(320, 200)], timeout_s=4, full_page=full_page)
+        start = time.monotonic()
+        assert reject_reason(web, SPIN_BEFORE_AND_AFTER_LOAD, options=options) == "timeout"
+        assert time.monotonic() - start < options.timeout_s + 2  # loose: the grace and the kill, on a busy machine
+    assert red_pixels(web.render(RED_BOX, None, OPTIONS).images[0]) == 100 * 50
+
+
+@pytest.mark.parametrize("page, reason", [
+    ('<meta http-equiv="refresh" content="0;url=http://example.com/">hi', "navigated_away"),
+    ('<form id="f" action="http://example.com/post" method="post"></form><script>f.submit()</script>', "navigated_away"),
+    ('<script>addEventListener("load", () => setTimeout(() => location.href = "/other.html", 50))</script>hi',
+     "navigated_away"),  # same origin, a missing file, after load
+    ('<script>location.href = "about:blank"</script>hi', "error_page"),  # no request: another document all the same
+])
+def test_a_page_that_navigates_away_is_rejected_not_screenshotted(web, page, reason):
+    """Before: a screenshot of Chromium's error page (or of a blank document), kept as a sample."""
+    assert reject_reason(web, f"<html><body>{page}</body></html>") == reason
+    assert red_pixels(web.render(RED_BOX, None, OPTIONS).images[0]) == 100 * 50
+
+
+def test_history_and_fragments_stay_on_the_page(web):
+    page = '<html><body style="margin:0;background:#f00"><script>history.pushState({}, "", "/app/home"); ' \
+           'location.hash = "#top"</script></body></html>'
+    assert red_pixels(web.render(page, None, OPTIONS).images[0]) == 320 * 200
+
+
+def admin_template(root) -> None:
+    """A template laid out as admin themes are: pages/ beside css/ and img/, linked with ../."""
+    (root / "css").mkdir(parents=True)
+    (root / "css" / "site.css").write_text("body { margin: 0; background: #0000ff } img { display: block }")
+    (root / "img").mkdir()
+    red = io.BytesIO()
+    Image.new("RGB", (100, 50), (255, 0, 0)).save(red, "PNG")
+    (root / "img" / "logo.png").write_bytes(red.getvalue())
+    (root / "pages" / "admin").mkdir(parents=True)
+    (root / "pages" / "admin" / "index.html").write_text(
+        '<html><head><link rel="stylesheet" href="../../css/site.css"></head>'
+        '<body><img src="../../img/logo.png"></body></html>')
+
+
+def test_assets_beside_the_page_are_served_from_the_declared_root(web, tmp_path):
+    """Before: ../ resolved inside the page's own folder, so the page rendered unstyled."""
+    from datapipe.readers.files import read_files
+    from renderers.gates import GateConfig
+    from renderers.stage import render_document
+    from tests.test_render_stages import files_source
+
+    admin_template(tmp_path / "site")
+    page = tmp_path / "site" / "pages" / "admin" / "index.html"
+    doc = next(read_files(files_source(asset_root=str(tmp_path / "site")), str(page)))
+    assert doc["asset_dir"] == str(tmp_path / "site") and doc["meta"]["page_path"] == "pages/admin/index.html"
+    render_document(doc, web, OPTIONS, GateConfig())
+    pixels = rgb(doc["media"][0])
+    assert (pixels[10:40, 10:90] == [255, 0, 0]).all() and (pixels[100:190, 150:310] == [0, 0, 255]).all()
+    own_folder = next(read_files(files_source(), str(page)))  # no asset_root: as before, the page's own folder
+    assert own_folder["asset_dir"] == str(page.parent) and "page_path" not in own_folder["meta"]
+
+
+def test_the_served_root_never_climbs_above_the_declared_one(tmp_path):
+    from datapipe.readers.files import read_files
+    from tests.test_render_stages import files_source
+
+    admin_template(tmp_path / "site")
+    page = tmp_path / "site" / "pages" / "admin" / "deep.html"
+    page.write_text('<img src="../../../../../../etc/hostname"><a href="../index.html">up</a>')
+    doc = next(read_files(files_source(asset_root=str(tmp_path / "site")), str(page)))
+    assert doc["asset_dir"] == str(tmp_path / "site")  # six levels asked, two granted
+    page.write_text('<link href="../x.css" rel="stylesheet">')  # one level: the nearest folder that holds it
+    doc = next(read_files(files_source(asset_root=str(tmp_path / "site")), str(page)))
+    assert doc["asset_dir"] == str(tmp_path / "site" / "pages") and doc["meta"]["page_path"] == "admin/deep.html"
+    outside = tmp_path / "elsewhere.html"
+    outside.write_text('<link href="../x.css">')
+    assert next(read_files(files_source(asset_root=str(tmp_path / "site")), str(outside)))["asset_dir"] == str(tmp_path)

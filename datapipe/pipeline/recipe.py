@@ -81,6 +81,9 @@ class FilesSource(FileSource):
     type: Literal["files"]
     file_field: str = "file"  # a manifest's column naming each file, relative to the manifest
     kind: Kind = "text"  # Document.kind of a file whose extension does not say (.svg, .html, .py and .scad do)
+    # "" serves each page's own folder; a folder (relative to the recipe): a page under it is served from
+    # the nearest folder holding the ../ its markup climbs, up to this one (admin templates keep css/ beside pages/)
+    asset_root: str = ""
 
 
 class PageSource(FileSource):
@@ -173,7 +176,20 @@ def validate_recipe(raw: dict[str, Any], path: Path | str = "<recipe>") -> Recip
     if problems:
         raise RecipeError(f"{path}: invalid recipe", problems)
     stages = [resolve_paths(stage, recipe.base_dir) for stage in stages]
-    return recipe.model_copy(update={"stages": stages})
+    sources = [resolve_asset_root(source, recipe) for source in recipe.sources]
+    return recipe.model_copy(update={"stages": stages, "sources": sources})
+
+
+def resolve_asset_root(source: SourceConfig, recipe: Recipe) -> SourceConfig:
+    """A files source's asset_root made absolute (relative ones start at the recipe's folder)."""
+    root = getattr(source, "asset_root", "")
+    if not root:
+        return source
+    folder = recipe.resolve(root).resolve()
+    if not folder.is_dir():
+        raise RecipeError(f"sources.{source.name}.asset_root: {folder} is not a folder; name the folder "
+                          "that holds the pages and the css/, js/ they climb to with ../")
+    return source.model_copy(update={"asset_root": str(folder)})
 
 
 def cross_problems(recipe: Recipe | None, raw: dict[str, Any]) -> list[str]:

@@ -9,6 +9,13 @@ in meta["manifest"]. The kind comes from the extension (`.svg` svg, `.html` html
 its local assets live in (the file's own folder), which renderers serve and nothing outside it.
 A manifest's columns never reach asset_dir: they stay in meta["manifest"].
 
+A webpage whose assets sit beside its folder (`../css/site.css`, as admin templates keep
+pages/ next to css/ and js/) renders unstyled from its own folder. With the source's
+`asset_root` (a folder the recipe declares), an html page under it gets as asset_dir the
+nearest folder that holds every `../` its markup climbs (one scan of the attributes, url() and
+@import; never above asset_root), and meta["page_path"] its path inside that folder, where
+the web renderer serves it so that `../` resolves as a browser resolves it from disk.
+
 Files and manifests may be URLs (s3://, gs://, https://): the document's text is the file, its
 meta path the URL, and its asset_dir "" (renderers read local folders only, so a remote page's
 relative images are not served). A remote manifest's rows name files within its bucket: an
@@ -38,6 +45,8 @@ EXTENSION_KINDS = {
 }
 DECLARED_CHARSET = re.compile(rb"""(?:encoding|charset)\s*=\s*["']?([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 MANIFEST_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+# ../ at a reference's start; one \s* a side of the quote, so no run of spaces is split two ways (linear)
+CLIMB = re.compile(r"""(?:=|url\(|@import)\s*(?:["']\s*)?((?:\.\./)+)""", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,23 @@ def read_file(cfg: Any, path: str, source_id: str, extra: dict[str, Any]) -> Doc
         where, asset_dir, suffix = str(resolved), str(resolved.parent), resolved.suffix
     meta = {"path": where, "bytes": len(data), "encoding": encoding, **extra}
     kind = EXTENSION_KINDS.get(suffix.lower(), cfg.kind)
+    root = getattr(cfg, "asset_root", "")
+    if kind == "html" and root and asset_dir:
+        asset_dir = page_root(Path(where), text, Path(root))
+        if asset_dir != str(Path(where).parent):
+            meta["page_path"] = Path(where).relative_to(asset_dir).as_posix()
     return new_document(cfg.name, source_id, text, kind=kind, meta=meta, asset_dir=asset_dir)
+
+
+def page_root(page: Path, html: str, bound: Path) -> str:
+    """The nearest folder above `page` that holds every `../` its markup climbs, never above
+    `bound` (resolved); the page's own folder when it climbs none or lies outside `bound`."""
+    bound = bound.resolve()
+    if not page.parent.is_relative_to(bound):
+        return str(page.parent)
+    climb = max((len(match.group(1)) // 3 for match in CLIMB.finditer(html)), default=0)
+    levels_below_bound = len(page.parent.relative_to(bound).parts)
+    return str(page.parents[min(climb, levels_below_bound)])
 
 
 def decode(data: bytes) -> tuple[str, str]:
