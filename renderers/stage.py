@@ -59,8 +59,10 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
 
 def render_document(doc: Document, renderer, options: RenderOptions, gates: GateConfig) -> None:
     asset_dir = Path(doc["asset_dir"]) if doc["asset_dir"] else None  # never a source column: see datapipe.schema
+    # Renderers that read the document's file themselves (a binary mesh) get its name inside asset_dir.
+    named = {"name": Path(doc["meta"].get("path", "")).name} if getattr(renderer, "reads_file", False) else {}
     try:
-        result = renderer.render(doc["text"], asset_dir, options)
+        result = renderer.render(doc["text"], asset_dir, options, **named)
     except RenderError as err:
         doc["reject"] = f"render.{err.reason}"
         doc["error"] = err.detail[:500]
