@@ -33,6 +33,7 @@ class RenderOptions(BaseModel):
     external_refs: Literal["reject", "strip"] = "reject"  # non-local, non-data: references: the pair must match
     max_input_bytes: int = Field(4 << 20, ge=1024)  # larger inputs are rejected as render.too_large
     views: ViewOptions = ViewOptions()  # meshes, 3D scene programs, CAD: the views, shading, edges (renderers.views)
+    libraries: list[str] = []  # CAD: library folders (OPENSCADPATH, sys.path), read-only in the sandbox
     mesh_code_chars: int = Field(100_000, ge=0)  # a longer mesh text is rendered without code (has_code false)
 
 

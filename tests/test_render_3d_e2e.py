@@ -5,10 +5,10 @@ import json
 
 import pytest
 import trimesh
-import yaml
 
 from datapipe import cli, stream
 from datapipe.pipeline.inspect import read_rejects
+from tests.conftest import tiny_recipe
 
 pytestmark = pytest.mark.slow  # a Ray run with two sandboxed workers: about a minute
 
@@ -28,7 +28,12 @@ def write_folder(folder):
     trimesh.creation.torus(1, 0.3).export(folder / "ring.ply", encoding="ascii")
     (folder / "nan.obj").write_text("v 0 0 0\nv 1 0 nan\nv 0 inf 0\nf 1 2 3\n")
     (folder / "empty.stl").write_bytes(b"")
-    return {"cube.obj": "", "ring.ply": "", "ball.stl": "code_image_samples.no_code",
+    (folder / "block.scad").write_text(OPENSCAD)
+    (folder / "loop.scad").write_text("module f(n) { f(n + 1); }\nf(0);\n")
+    folder.chmod(0o755)  # programs run as an unprivileged uid: their folder must be world-readable
+    for parent in folder.parents[:3]:
+        parent.chmod(0o755)
+    return {"block.scad": "", "loop.scad": "render.script_error","cube.obj": "", "ring.ply": "", "ball.stl": "code_image_samples.no_code",
             "nan.obj": "render.invalid", "empty.stl": "render.invalid"}
 
 
@@ -36,18 +41,12 @@ def write_folder(folder):
 def rendered_run(tmp_path_factory, tiny_tokenizer, ray_session):
     tmp = tmp_path_factory.mktemp("render3d")
     expected = write_folder(tmp / "things")
-    recipe = {
-        "name": "render_3d_e2e", "seed": 1,
-        "sources": [{"name": "things", "type": "files", "paths": ["things/*"]}],
-        "stages": [{"stage": "render", "kinds": ["mesh"], "size": 96, "num_cpus": 0.25, "timeout_s": 60},
-                   {"stage": "render_dedup"},
-                   {"stage": "code_image_samples", "image_to_code": 0.5},
-                   {"stage": "tokenize", "tokenizer": str(tiny_tokenizer), "num_cpus": 0.5}],
-        "phases": [{"name": "main", "seq_len": 4096}],
-        "shards": {"samples_per_shard": 16},
-    }
-    (tmp / "render.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    assert cli.main(["run", str(tmp / "render.yaml"), "--out", str(tmp / "out")]) == 0
+    stages = [{"stage": "render", "kinds": ["mesh", "cad"], "size": 96, "num_cpus": 0.25, "timeout_s": 60},
+              {"stage": "render_dedup"}, {"stage": "code_image_samples"},
+              {"stage": "tokenize", "tokenizer": str(tiny_tokenizer), "num_cpus": 0.5}]
+    recipe = tiny_recipe(tmp, tiny_tokenizer, [{"name": "things", "type": "files", "paths": ["things/*"]}],
+                         stages=stages, phases=[{"name": "main", "seq_len": 4096}])
+    assert cli.main(["run", str(recipe), "--out", str(tmp / "out")]) == 0
     return tmp / "out", expected
 
 

@@ -1,5 +1,6 @@
 """The mesh renderer with real trimesh, pyrender and OSMesa: silhouettes, textures, determinism,
 the code side, and every bad mesh the issue lists ending as its own reject."""
+import contextlib
 import io
 import json
 import math
@@ -21,9 +22,8 @@ FRONT = {"angles": [[0, 0]], "shading": "flat", "lighting": "headlight"}
 
 @pytest.fixture(scope="module")
 def renderer():
-    mesh = MeshRenderer()
-    yield mesh
-    mesh.close()
+    with contextlib.closing(MeshRenderer()) as mesh:
+        yield mesh
 
 
 def render(renderer, folder, name, **options):
