@@ -37,7 +37,8 @@ TOLERANCE = 1e-3  # tessellation deflection, as a fraction of the part's boundin
 
 
 def dialect_of(code: str, name: str) -> str:
-    if name.lower().endswith(".scad"):
+    """By the file's extension; a program with no file (a generator's) by its first line: Python has no //."""
+    if name.lower().endswith(".scad") or (not name and code.lstrip().startswith(("//", "/*"))):
         return "openscad"
     return "build123d" if "build123d" in code else "cadquery"
 

@@ -18,7 +18,6 @@ ball.apply_translation([1.2, 0, 0])
 scene = trimesh.Scene([trimesh.creation.box((1, 1, 2)), ball])
 """
 OPENSCAD = "difference() { cube([20, 20, 10], center=true); cylinder(h=30, r=6, center=true, $fn=48); }\n"
-CADQUERY = "import cadquery as cq\nresult = cq.Workplace('XY').box(3, 2, 1).edges('|Z').fillet(0.3)\n"
 
 
 def write_folder(folder):
@@ -41,10 +40,16 @@ def write_folder(folder):
 def rendered_run(tmp_path_factory, tiny_tokenizer, ray_session):
     tmp = tmp_path_factory.mktemp("render3d")
     expected = write_folder(tmp / "things")
-    stages = [{"stage": "render", "kinds": ["mesh", "cad"], "size": 96, "num_cpus": 0.25, "timeout_s": 60},
+    (tmp / "scenes").mkdir(mode=0o755)
+    (tmp / "scenes" / "pair.py").write_text(SCENE)
+    (tmp / "scenes" / "nothing.py").write_text("import trimesh\nx = 1\n")
+    stages = [{"stage": "render", "kinds": ["mesh", "cad", "scene3d"], "size": 96, "num_cpus": 0.25, "timeout_s": 60},
               {"stage": "render_dedup"}, {"stage": "code_image_samples"},
               {"stage": "tokenize", "tokenizer": str(tiny_tokenizer), "num_cpus": 0.5}]
-    recipe = tiny_recipe(tmp, tiny_tokenizer, [{"name": "things", "type": "files", "paths": ["things/*"]}],
+    sources = [{"name": "things", "type": "files", "paths": ["things/*"]},
+               {"name": "scenes", "type": "files", "paths": ["scenes/*.py"], "kind": "scene3d"},
+               {"name": "gen", "type": "cad_programs", "count": 2}, {"name": "gen3d", "type": "scene_programs", "count": 2}]
+    recipe = tiny_recipe(tmp, tiny_tokenizer, sources,
                          stages=stages, phases=[{"name": "main", "seq_len": 4096}])
     assert cli.main(["run", str(recipe), "--out", str(tmp / "out")]) == 0
     return tmp / "out", expected
@@ -55,12 +60,14 @@ def test_every_record_is_written_or_rejected_with_its_reason(rendered_run):
     stats = json.loads((out / "stats.json").read_text())
     assert stats["balanced"] is True
     written = {name for name, why in expected.items() if not why}
-    assert stats["records_in"] == {"things": len(expected)} and stats["written"] == {"things": len(written)}
+    assert stats["records_in"] == {"things": len(expected), "scenes": 2, "gen": 2, "gen3d": 2}
+    assert stats["written"] == {"things": len(written), "scenes": 1, "gen": 2, "gen3d": 2}  # generated programs run
     rejects = {line["source_id"].rsplit("/", 1)[-1]: line["reject"] for line in read_rejects(out)}
-    assert rejects == {name: why for name, why in expected.items() if why}
+    assert rejects == {**{name: why for name, why in expected.items() if why}, "nothing.py": "render.no_shape"}
 
 
 def test_shards_hold_the_written_pairs(rendered_run):
     out, expected = rendered_run
     samples = list(stream(out / "main"))
-    assert len({doc_id for sample in samples for doc_id in sample["doc_ids"]}) == sum(not w for w in expected.values())
+    doc_ids = {doc_id for sample in samples for doc_id in sample["doc_ids"]}
+    assert len(doc_ids) == sum(not why for why in expected.values()) + 1 + 2 + 2
