@@ -33,6 +33,8 @@ $(STAMP): pyproject.toml Makefile | system-deps
 	# C4's bad-words lists (LDNOOBW, CC-BY-4.0) from their npm package, sha256-pinned, into the venv.
 	# Optional (the rule is opt-in): without the npm registry the install goes on without them.
 	$(BIN)/python -m datapipe.text.badwords || echo "note: no C4 bad-words lists (registry.npmjs.org unreachable?); quality.c4.bad_words will say how to add them"
+	# three.js (npm `three` 0.170.0, sha256-pinned) for scene3d's three.js programs, into the venv; never a CDN.
+	$(BIN)/python -m renderers.threejs || echo "note: no three.js (registry.npmjs.org unreachable?); three.js scenes will say how to add it"
 	touch $(STAMP)
 
 # Installs what is missing as root; otherwise prints the one command to run.
