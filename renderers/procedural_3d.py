@@ -90,20 +90,31 @@ def make_part(rng: random.Random) -> dict[str, Any]:
     return part
 
 
+# base solid -> (CadQuery, OpenSCAD), formatted with the part's dimensions (dims())
+BASES = {
+    "box": ("cq.Workplane('XY').box({w}, {d}, {h})", "translate([0, 0, {h2}]) cube([{w}, {d}, {h}], center=true);"),
+    "cylinder": ("cq.Workplane('XY').circle({r}).extrude({h})", "cylinder(h={h}, r={r}, $fn=64);"),
+    "prism": ("cq.Workplane('XY').polygon({sides}, {side}).extrude({h})", "cylinder(h={h}, r={r}, $fn={sides});"),
+    "revolve": ("cq.Workplane('XZ').polyline([(0, 0), ({r}, 0), ({r}, {h}), ({neck}, {top}), (0, {top})]).close()"
+                ".revolve(360, (0, 0, 0), (0, 1, 0))",
+                "rotate_extrude($fn=64) polygon([[0, 0], [{r}, 0], [{r}, {h}], [{neck}, {top}], [0, {top}]]);"),
+    "slot": ("cq.Workplane('XY').slot2D({long}, {wide}).extrude({h})",
+             "hull() {{ for (x = [-1, 1]) translate([x * {reach}, 0, 0]) cylinder(h={h}, r={half}, $fn=48); }}"),
+}
+
+
+def dims(part: dict[str, Any]) -> dict[str, Any]:
+    w, d, h = part["w"], part["d"], part["h"]
+    side, long = min(w, d), max(w, d)
+    return {"w": w, "d": d, "h": h, "h2": h / 2, "sides": part["sides"], "side": side, "r": side / 2, "long": long,
+            "neck": round(side * 0.3, 1), "top": round(h * 1.5, 1), "wide": round(side * 0.6, 1),
+            "half": round(side * 0.3, 1), "reach": round((long - side * 0.6) / 2, 1)}
+
+
 def to_cadquery(part: dict[str, Any]) -> str:
-    w, d, h, sides = part["w"], part["d"], part["h"], part["sides"]
-    radius = min(w, d) / 2
-    base = {
-        "box": f"cq.Workplane('XY').box({w}, {d}, {h})",
-        "cylinder": f"cq.Workplane('XY').circle({radius}).extrude({h})",
-        "prism": f"cq.Workplane('XY').polygon({sides}, {min(w, d)}).extrude({h})",
-        "revolve": f"cq.Workplane('XZ').polyline([(0, 0), ({radius}, 0), ({radius}, {h}), ({radius * 0.6:.1f}, "
-                   f"{h * 1.5:.1f}), (0, {h * 1.5:.1f})]).close().revolve(360, (0, 0, 0), (0, 1, 0))",
-        "slot": f"cq.Workplane('XY').slot2D({max(w, d)}, {min(w, d) * 0.6:.1f}).extrude({h})",
-    }[part["base"]]
-    lines = ["import cadquery as cq", "", f"part = {base}"]
+    lines = ["import cadquery as cq", "", f"part = {BASES[part['base']][0].format(**dims(part))}"]
     for feature in part["features"]:
-        lines.append(cadquery_feature(feature, radius))
+        lines.append(cadquery_feature(feature, dims(part)["r"]))
     return "\n".join(lines + ["result = part", ""])
 
 
@@ -124,17 +135,8 @@ def cadquery_feature(feature: tuple, radius: float) -> str:
 
 def to_openscad(part: dict[str, Any]) -> str:
     """The same design in OpenSCAD: features as a union, holes as a difference (no fillets)."""
-    w, d, h, sides = part["w"], part["d"], part["h"], part["sides"]
-    radius = min(w, d) / 2
-    base = {
-        "box": f"translate([0, 0, {h / 2}]) cube([{w}, {d}, {h}], center=true);",
-        "cylinder": f"cylinder(h={h}, r={radius}, $fn=64);",
-        "prism": f"cylinder(h={h}, r={radius}, $fn={sides});",
-        "revolve": f"rotate_extrude($fn=64) polygon([[0, 0], [{radius}, 0], [{radius}, {h}], [{radius * 0.6:.1f}, "
-                   f"{h * 1.5:.1f}], [0, {h * 1.5:.1f}]]);",
-        "slot": f"hull() {{ for (x = [-1, 1]) translate([x * {(max(w, d) - min(w, d) * 0.6) / 2:.1f}, 0, 0]) "
-                f"cylinder(h={h}, r={min(w, d) * 0.3:.1f}, $fn=48); }}",
-    }[part["base"]]
+    h, radius = part["h"], dims(part)["r"]
+    base = BASES[part["base"]][1].format(**dims(part))
     top = h * 1.5 if part["base"] == "revolve" else h
     solids, holes = [base], []
     for kind, value, *rest in part["features"]:

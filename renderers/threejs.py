@@ -11,11 +11,9 @@ three.js examples do; Chromium draws it with SwiftShader (software WebGL) at siz
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import sys
 import tarfile
-import urllib.request
 from functools import lru_cache
 from pathlib import Path
 
@@ -58,15 +56,10 @@ def render_threejs(web, code: str, asset_dir: Path | None, options: RenderOption
 
 def install(folder: Path = INSTALLED) -> Path:
     """Fetch the `three` npm package, check its sha256, keep the module build and the licence."""
-    try:
-        with urllib.request.urlopen(PACKAGE_URL, timeout=120) as response:
-            data = response.read()
-    except OSError as err:
-        raise SystemExit(f"cannot fetch {PACKAGE_URL} ({err}); put build/{MODULE} of three 0.170.0 in {folder} "
-                         "by hand, or render no three.js scenes") from None
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != PACKAGE_SHA256:
-        raise SystemExit(f"{PACKAGE_URL}: sha256 {digest}, expected {PACKAGE_SHA256}; not installed")
+    from datapipe.storage import fetch_pinned
+
+    data = fetch_pinned(PACKAGE_URL, PACKAGE_SHA256, f"put build/{MODULE} of three 0.170.0 in {folder} by hand, "
+                        "or render no three.js scenes")
     folder.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
         for member, target in (("package/build/three.module.js", MODULE), ("package/LICENSE", "LICENSE")):
