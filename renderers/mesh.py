@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,7 @@ from typing import Any
 from renderers.base import Render, RenderError, RenderOptions, file_inside
 from renderers.sandbox import Limits, Sandbox
 
-# llvmpipe's JIT and a 4M-face mesh fit in 3 GB; files up to 64 MB: Mesa's shader cache (see shader_cache)
-WORKER_LIMITS = Limits(memory_mb=3072, nproc=16, fsize=64 << 20)
+WORKER_LIMITS = Limits(memory_mb=3072, nproc=16)  # llvmpipe's JIT and a 4M-face mesh fit in 3 GB; no file writes
 MAX_UNZIPPED_BYTES = 512 << 20  # a 3MF's members together; more is a zip bomb (render.too_large)
 MAX_ZIP_RATIO = 200  # deflate rarely beats 20:1 on real meshes; bombs reach 1000:1
 TEXT_FORMATS = {".obj", ".stl", ".ply", ".off", ".gltf"}  # formats that may be text; binary ones are checked
@@ -242,23 +240,6 @@ def check_geometry(meshes: list, max_faces: int) -> None:
         raise RenderError("invalid", "NaN or infinite vertex coordinates")
 
 
-def shader_cache() -> str:
-    """Mesa's on-disk shader cache for this worker's uid (the last argument of `sandbox serve`).
-
-    llvmpipe compiles each new scene's draw states afresh unless it finds them in this cache:
-    without one a 4-view render costs 3-4 s instead of 0.3 s (measured). One folder per uid, so a
-    worker never reads what another uid wrote; Mesa caps it at 128 MB."""
-    import os
-    import tempfile
-
-    uid = sys.argv[-1] if len(sys.argv) > 1 and sys.argv[-1].isdigit() else str(os.getuid())
-    folder = Path(tempfile.gettempdir()) / f"datapipe-mesa-{uid}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if os.geteuid() == 0:
-        os.chown(folder, int(uid), int(uid))
-    return str(folder)
-
-
 def warm_up(trimesh) -> None:
     """Render the common draw states once (plain, vertex- and face-coloured, textured; smooth, flat,
     edged) so llvmpipe compiles them at start-up (~5 s), not within a render's timeout."""
@@ -283,7 +264,7 @@ def preload() -> None:
 
     global _views
     os.environ["PYOPENGL_PLATFORM"] = "osmesa"
-    os.environ.update(MESA_SHADER_CACHE_DIR=shader_cache(), MESA_SHADER_CACHE_MAX_SIZE="128M")
+    os.environ["MESA_SHADER_CACHE_DISABLE"] = "true"  # the worker writes no file; programs stay compiled in memory
     os.environ["LP_NUM_THREADS"] = "1"  # llvmpipe: one thread, one core a worker, the same pixels every run
     import networkx  # noqa: F401 - glTF scene graphs
     import pyrender  # noqa: F401

@@ -116,6 +116,27 @@ def build_scene(meshes: list, options: ViewOptions, cad: bool, background: list[
     return scene, edges_node
 
 
+def stable_context_keys() -> None:
+    """pyrender caches compiled shader programs under OpenGL.contextdata.getContext(), which in PyOpenGL
+    3.1.10 (the version whose OSMesa binding works) returns a new pointer object per call: the cache
+    never hit and every view recompiled its shaders (~0.4 s a view, 3-4 s a 4-view render, measured).
+    Keyed by the context's address instead, a worker compiles each program once."""
+    import ctypes
+
+    from OpenGL import contextdata
+
+    if getattr(contextdata.getContext, "stable", False):
+        return
+    original = contextdata.getContext
+
+    def get_context(context=None):
+        found = original(context)
+        return found if found is None or isinstance(found, int) else ctypes.cast(found, ctypes.c_void_p).value
+
+    get_context.stable = True
+    contextdata.getContext = get_context
+
+
 class ViewRenderer:
     """One warm OSMesa context per worker (made for the first size asked, remade when it changes)."""
 
@@ -128,6 +149,7 @@ class ViewRenderer:
         import pyrender
 
         if self.size != size:
+            stable_context_keys()
             if self.renderer is not None:
                 self.renderer.delete()
             self.renderer, self.size = pyrender.OffscreenRenderer(size, size), size
