@@ -18,6 +18,7 @@ errors and its recursion limit, render.script_error.
 """
 from __future__ import annotations
 
+import re
 import sys
 import types
 from pathlib import Path
@@ -33,14 +34,16 @@ LANGUAGES = {"cadquery": ("CadQuery", "python"), "build123d": ("build123d", "pyt
 WORKER_LIMITS = Limits(memory_mb=None, nproc=64, nofile=1024, fsize=None)  # the worker is trusted; children are capped
 CHILD_MIN_MB = 4096  # OCCT maps ~1.5 GB of address space before it meshes anything
 NPROC = 32  # processes (and threads) of a script's uid: OpenSCAD and OCCT use a few
+BUILD123D_NAMES = re.compile(r"\bBuild(?:Part|Sketch|Line)\b|\b(?:Box|Cylinder|Sphere|Rectangle|Circle)\(")
 TOLERANCE = 1e-3  # tessellation deflection, as a fraction of the part's bounding-box diagonal
 
 
 def dialect_of(code: str, name: str) -> str:
-    """By the file's extension; a program with no file (a generator's) by its first line: Python has no //."""
+    """By the file's extension; a program with no file (a generator's) by its first line (Python has no
+    //); build123d by its import or, in doc snippets that assume it, its builders."""
     if name.lower().endswith(".scad") or (not name and code.lstrip().startswith(("//", "/*"))):
         return "openscad"
-    return "build123d" if "build123d" in code else "cadquery"
+    return "build123d" if "build123d" in code or BUILD123D_NAMES.search(code) and "cq." not in code else "cadquery"
 
 
 class ProgramRenderer:
@@ -63,7 +66,8 @@ class ProgramRenderer:
         asset = str(asset_dir.resolve()) if asset_dir is not None else ""
         header = {"dialect": dialect, "name": name or f"script.{'scad' if dialect == 'openscad' else 'py'}",
                   "asset_dir": asset, "libraries": [str(Path(p).resolve()) for p in options.libraries],
-                  "memory_mb": max(options.memory_mb, CHILD_MIN_MB), "nproc": NPROC, "python_roots": python_roots()}
+                  "memory_mb": max(options.memory_mb, CHILD_MIN_MB), "nproc": NPROC, "python_roots": python_roots(),
+                  "scratch_cwd": dialect != "openscad"}
         return sandbox.run(header, code, options.timeout_s)
 
     def draw(self, reply: dict[str, Any], mesh: bytes, language: tuple[str, str], options: RenderOptions,
@@ -153,6 +157,13 @@ def script_namespace(dialect: str, shown: list, name: str) -> dict[str, Any]:
         import cadquery
 
         namespace["cq"] = cadquery
+        vis = types.ModuleType("cadquery.vis")  # CadQuery's VTK window: showing is collecting here
+        vis.show, vis.show_object = show, show_object
+        sys.modules["cadquery.vis"] = vis
+    else:  # build123d's doc snippets assume `from build123d import *`
+        import build123d
+
+        namespace.update({key: getattr(build123d, key) for key in build123d.__all__})
     return namespace
 
 
@@ -181,7 +192,7 @@ def topods_of(value: Any) -> list:
         return topods_of([shape for shape in inner if shape is not None])
     if type(value).__name__ == "Workplane":
         return [shape.wrapped for shape in value.vals() if hasattr(shape, "wrapped")]
-    if type(value).__name__ in {"Assembly", "Sketch"}:
+    if type(value).__name__ in {"Assembly", "Sketch"} and type(value).__module__.startswith("cadquery"):
         compound = value.toCompound() if hasattr(value, "toCompound") else value._faces
         return [compound.wrapped]
     if type(value).__name__.startswith("TopoDS"):  # a raw OCP shape: show_object(part.wrapped)

@@ -42,7 +42,9 @@ BWRAP = "/usr/bin/bwrap"
 HOST = "/host"  # the host's root, read-only, seen by the warm worker only; each child detaches it
 CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MNT_DETACH = 0x20000, 1, 2, 4, 4096, 16384, 2
 SCRATCH_MB = 256  # the child's private /tmp
-SYSTEM_READ_ROOTS = ("/usr", "/etc/fonts", "/proc/self", "/dev/null", "/dev/urandom", "/dev/zero")
+MAX_LINKS = 10_000  # asset-folder entries linked into a Python script's working folder (~1 ms per 1,000)
+SYSTEM_READ_ROOTS = ("/usr", "/etc/fonts", "/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/sys/devices/system/cpu",
+                     "/dev/null", "/dev/urandom", "/dev/zero")  # what numpy, OCCT and fontconfig read at run time
 FORBIDDEN_EVENTS = ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                     "os.forkpty", "pty.spawn", "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo",
                     "os.kill", "os.killpg", "signal.pthread_kill")
@@ -60,7 +62,7 @@ def python_roots() -> list[str]:
     import renderers
 
     roots = {sys.prefix, sys.base_prefix, str(Path(renderers.__file__).resolve().parent.parent)}
-    roots.update(entry for entry in sys.path if entry and os.path.isdir(entry))
+    roots.update(os.path.abspath(entry) for entry in sys.path if entry and os.path.isdir(entry))
     resolved = sorted({str(Path(root).resolve()) for root in roots} | roots)
     return [root for root in resolved if not any(root != other and root.startswith(other + "/") for other in resolved)]
 
@@ -193,9 +195,23 @@ def isolate(header: dict[str, Any]) -> None:
         if folder:
             bind_readonly(folder)
     call(libc().umount2(HOST.encode(), MNT_DETACH), "detach /host")
-    os.chdir(header["asset_dir"] or "/tmp")
+    os.chdir(work_folder(header) if header.get("scratch_cwd") else header["asset_dir"] or "/tmp")
     os.environ.update(HOME="/tmp", TMPDIR="/tmp")
     confine_child(header)
+
+
+def work_folder(header: dict[str, Any]) -> str:
+    """A writable working folder in the scratch whose entries link to the asset folder's: a script's
+    relative reads find its assets (read-only), its relative writes (result.export("part.stl")) land
+    in the scratch."""
+    work = "/tmp/work"
+    os.mkdir(work, 0o755)
+    if header["uid"] is not None:
+        os.chown(work, header["uid"], header["uid"])
+    if header["asset_dir"]:
+        for entry in list(os.scandir(header["asset_dir"]))[:MAX_LINKS]:
+            os.symlink(entry.path, os.path.join(work, entry.name))
+    return work
 
 
 def bind_readonly(folder: str) -> None:
@@ -229,6 +245,7 @@ def confine_child(header: dict[str, Any]) -> None:
 
 def guard(header: dict[str, Any], violations: list[str]) -> None:
     """The audit hook: record and refuse processes, sockets and files outside the allowed roots."""
+    sys.dont_write_bytecode = True  # imports would try to write .pyc files beside read-only sources
     readable = tuple(SYSTEM_READ_ROOTS) + tuple(header["python_roots"]) + tuple(
         folder for folder in [header["asset_dir"], *header.get("libraries", [])] if folder)
 
@@ -237,7 +254,7 @@ def guard(header: dict[str, Any], violations: list[str]) -> None:
             violations.append(event)
             raise PermissionError(f"sandbox: {event} is not allowed")
         if event == "open" and isinstance(args[0], (str, bytes)) and not allowed_path(args, readable):
-            violations.append(f"open {os.fsdecode(args[0])[:100]}")
+            violations.append(f"open {os.fsdecode(args[0])[-100:]} (mode {args[1]})")
             raise PermissionError(f"sandbox: {os.fsdecode(args[0])} is outside the script's folders")
 
     sys.addaudithook(hook)
@@ -245,7 +262,8 @@ def guard(header: dict[str, Any], violations: list[str]) -> None:
 
 def allowed_path(args: tuple, readable: tuple[str, ...]) -> bool:
     path = os.path.abspath(os.fsdecode(args[0]))
-    writing = any(flag in str(args[1] or "") for flag in "wax+") or (args[2] or 0) & (os.O_WRONLY | os.O_RDWR)
+    flags = args[2] if isinstance(args[2], int) and args[2] > 0 else 0  # io.open_code passes no flags
+    writing = any(flag in str(args[1] or "") for flag in "wax+") or flags & (os.O_WRONLY | os.O_RDWR)
     if path == "/tmp" or path.startswith("/tmp/"):  # the private scratch: what the script wrote there
         return writing or os.path.exists(path)
     return not writing and any(path == root or path.startswith(root.rstrip("/") + "/") for root in readable)
