@@ -260,6 +260,7 @@ def warm_up(trimesh) -> None:
 def preload() -> None:
     """Import (and warm) everything a render needs while still trusted: after the uid drop the
     interpreter may not read its own library. OSMesa is chosen before OpenGL is imported."""
+    import codecs
     import os
 
     global _views
@@ -274,6 +275,8 @@ def preload() -> None:
 
     from renderers.views import ViewRenderer
 
+    for codec in ("cp437", "latin-1", "utf-16", "ascii"):  # zipfile (3MF) names, PLY/OBJ headers: imported lazily
+        codecs.lookup(codec)
     Image.init()
     Image.MAX_IMAGE_PIXELS = 64 << 20  # textures past 128 M pixels raise DecompressionBombError
     _views = ViewRenderer()

@@ -83,6 +83,8 @@ def test_text_formats_are_the_code_and_binary_ones_have_none(renderer, tmp_path)
     assert obj.meta["has_code"] and obj.meta["language"] == ("Wavefront OBJ", "obj")
     stl = render(renderer, tmp_path, "cube.stl")
     assert stl.code == "" and not stl.meta["has_code"] and len(stl.images) == 4
+    trimesh.creation.box().export(tmp_path / "cube.3mf")  # a zip: its names decode as cp437 in the worker
+    assert render(renderer, tmp_path, "cube.3mf").meta["format"] == "3mf"
     long_obj = render(renderer, tmp_path, "cube.obj", mesh_code_chars=50)
     assert long_obj.code == "" and not long_obj.meta["has_code"]
 
