@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import resource
 import signal
@@ -42,7 +43,6 @@ BWRAP = "/usr/bin/bwrap"
 HOST = "/host"  # the host's root, read-only, seen by the warm worker only; each child detaches it
 CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MNT_DETACH = 0x20000, 1, 2, 4, 4096, 16384, 2
 SCRATCH_MB = 256  # the child's private /tmp
-MAX_LINKS = 10_000  # asset-folder entries linked into a Python script's working folder (~1 ms per 1,000)
 SYSTEM_READ_ROOTS = ("/usr", "/etc/fonts", "/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/sys/devices/system/cpu",
                      "/dev/null", "/dev/urandom", "/dev/zero")  # what numpy, OCCT and fontconfig read at run time
 FORBIDDEN_EVENTS = ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
@@ -105,6 +105,7 @@ def run_child(job: Callable[[dict, str], tuple[dict, bytes]], header: dict[str, 
     """Fork, confine the child (isolate) and run job(header, code) there; its reply, or a RenderError.
     guarded: the audit hook too (Python scripts; not for a job that runs a program such as openscad)."""
     read_end, write_end = os.pipe()
+    gc.freeze()  # the worker's objects leave the collector's view: a child's collections would touch (copy) them all
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
@@ -128,6 +129,9 @@ def run_child(job: Callable[[dict, str], tuple[dict, bytes]], header: dict[str, 
 def child_main(job: Callable, header: dict[str, Any], code: str, fd: int, guarded: bool) -> None:
     """In the forked child: isolate, run, reply, exit (never return into the worker's loop)."""
     out = os.fdopen(fd, "wb")
+    quiet = os.open("/dev/null", os.O_WRONLY)
+    os.dup2(quiet, 1)  # fd 1 is the worker's reply pipe: a script's print() must not land in the protocol
+    os.dup2(quiet, 2)
     violations: list[str] = []
     try:
         isolate(header)
@@ -201,16 +205,19 @@ def isolate(header: dict[str, Any]) -> None:
 
 
 def work_folder(header: dict[str, Any]) -> str:
-    """A writable working folder in the scratch whose entries link to the asset folder's: a script's
-    relative reads find its assets (read-only), its relative writes (result.export("part.stl")) land
-    in the scratch."""
-    work = "/tmp/work"
-    os.mkdir(work, 0o755)
+    """A writable working folder in the scratch showing the asset folder's files: an overlay whose
+    writes land in the scratch (result.export("part.stl") works, even over a file of the same name),
+    the assets staying read-only below it."""
+    work, upper, scratch = "/tmp/work", "/tmp/.upper", "/tmp/.overlay"
+    for folder in (work, upper, scratch):
+        os.mkdir(folder, 0o755)
     if header["uid"] is not None:
-        os.chown(work, header["uid"], header["uid"])
+        os.chown(upper, header["uid"], header["uid"])
     if header["asset_dir"]:
-        for entry in list(os.scandir(header["asset_dir"]))[:MAX_LINKS]:
-            os.symlink(entry.path, os.path.join(work, entry.name))
+        options = f"lowerdir={header['asset_dir']},upperdir={upper},workdir={scratch}".encode()
+        call(libc().mount(b"overlay", work.encode(), b"overlay", MS_NOSUID | MS_NODEV, options), "overlay")
+    elif header["uid"] is not None:
+        os.chown(work, header["uid"], header["uid"])
     return work
 
 

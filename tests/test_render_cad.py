@@ -15,7 +15,8 @@ from tests.conftest import rgb
 pytestmark = [pytest.mark.slow,  # three warm workers: CadQuery's import alone is ~5 s
               pytest.mark.skipif(os.geteuid() != 0, reason="the code sandbox needs root (own uid, mount namespace)")]
 
-CADQUERY = "import cadquery as cq\nresult = cq.Workplane('XY').box(30, 20, 10).faces('>Z').hole(8)\n"
+CADQUERY = ("import cadquery as cq\nresult = cq.Workplane('XY').box(30, 20, 10).faces('>Z').hole(8)\n"
+            "print('volume', result.val().Volume())\n")  # real scripts print: it must not reach the reply pipe
 BUILD123D = """from build123d import *
 with BuildPart() as part:
     Cylinder(10, 20)
