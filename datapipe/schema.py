@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any, NotRequired, TypedDict
 
-KINDS = ("text", "code", "svg", "html", "mesh", "cad", "scene", "image")  # every Document.kind there is
+KINDS = ("text", "code", "svg", "html", "mesh", "cad", "scene3d", "image")  # every Document.kind there is
 
 # Where an image goes in Document.text: the i-th placeholder stands for media[i]. The
 # tokenize stage replaces each one with the image's media-token span.

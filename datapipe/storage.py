@@ -376,3 +376,20 @@ def local_folder(location: str) -> Iterator[str]:
         with remote_errors(location):
             fs.get(location.rstrip("/") + "/", folder + "/", recursive=True)
         yield folder
+
+
+def fetch_pinned(url: str, sha256: str, remedy: str) -> bytes:
+    """The bytes at url (a registry package fetched at install time), or SystemExit naming the remedy
+    when it cannot be fetched or its sha256 is not the pinned one."""
+    import hashlib
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            data = response.read()
+    except OSError as err:
+        raise SystemExit(f"cannot fetch {url} ({err}); {remedy}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise SystemExit(f"{url}: sha256 {digest}, expected {sha256}; not installed")
+    return data

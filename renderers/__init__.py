@@ -9,6 +9,9 @@ from __future__ import annotations
 RENDERERS: dict[str, str] = {
     "svg": "renderers.svg:SvgRenderer",  # resvg or cairosvg in a sandboxed worker process
     "html": "renderers.web:WebRenderer",  # Chromium via Playwright, one warm page per actor
+    "mesh": "renderers.mesh:MeshRenderer",  # trimesh + pyrender on OSMesa in a sandboxed worker
+    "scene3d": "renderers.scene3d:Scene3dRenderer",  # trimesh programs in bubblewrap; three.js in Chromium
+    "cad": "renderers.cad:CadRenderer",  # CadQuery, build123d, OpenSCAD in bubblewrap, then the mesh renderer
 }
 
 

@@ -13,6 +13,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from renderers.views import ViewOptions
+
 
 class RenderOptions(BaseModel):
     """What every renderer accepts; each one reads the fields that apply to its kind."""
@@ -30,6 +32,9 @@ class RenderOptions(BaseModel):
     memory_mb: int = Field(1024, ge=128)  # address-space cap of a sandboxed worker (SVG) / V8 heap (web)
     external_refs: Literal["reject", "strip"] = "reject"  # non-local, non-data: references: the pair must match
     max_input_bytes: int = Field(4 << 20, ge=1024)  # larger inputs are rejected as render.too_large
+    views: ViewOptions = ViewOptions()  # meshes, 3D scene programs, CAD: the views, shading, edges (renderers.views)
+    libraries: list[str] = []  # CAD: library folders (OPENSCADPATH, sys.path), read-only in the sandbox
+    mesh_code_chars: int = Field(100_000, ge=0)  # a longer mesh text is rendered without code (has_code false)
     font_dirs: list[str] = []  # SVG: folders of extra fonts (world-readable), beside the system's
 
     @field_validator("font_dirs")
@@ -64,9 +69,14 @@ REASONS = {
     "external_reference": "the input refers to a file, URL or entity outside its folder (external_refs: reject)",
     "entity_bomb": "a DTD whose entities nest or expand past the limit (billion laughs)",
     "too_large": "input bytes, nesting depth or <use> expansion past the limits",
-    "invalid": "not parseable as the kind it claims (malformed XML, no <svg> root, a <use> cycle)",
+    "invalid": "not parseable as the kind it claims (malformed XML, no <svg> root, a <use> cycle; a mesh with no "
+               "triangles, NaN coordinates, a missing glTF buffer, a cyclic scene graph)",
     "navigated_away": "a page that left itself during the render (meta refresh, location.href, a form submitting)",
     "error_page": "the main frame showed Chromium's error page or a document of another origin, not the page",
+    "no_shape": "a 3D or CAD program ran but made nothing to draw (no show_object, result or shape in scope)",
+    "script_error": "a 3D or CAD program raised (its exception is the detail); an OpenSCAD error or recursion",
+    "forbidden": "a program tried what its sandbox forbids: a process, a socket, a file outside its folder",
+    "out_of_memory": "a program passed its memory cap (a memory bomb); its process was killed",
 }
 
 

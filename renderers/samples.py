@@ -22,7 +22,10 @@ from pydantic import Field
 from datapipe.schema import MEDIA_PLACEHOLDER, Document
 from datapipe.stage import StageConfig
 
-LANGUAGES = {"svg": ("SVG", "svg"), "html": ("HTML", "html")}  # kind -> (name in prose, code-fence tag)
+# kind -> (name in prose, code-fence tag); a renderer that knows better (OBJ or glTF, CadQuery or
+# OpenSCAD) names it in notes["render"]["language"]
+LANGUAGES = {"svg": ("SVG", "svg"), "html": ("HTML", "html"), "mesh": ("mesh", "text"), "cad": ("CAD", "python"),
+             "scene3d": ("3D scene", "python")}
 IMAGE_TO_CODE = [
     "{images}\nWrite the {name} code that renders this image.\n```{fence}\n{code}\n```",
     "{images}\nReproduce this picture in {name}.\n```{fence}\n{code}\n```",
@@ -57,6 +60,8 @@ def make_sample(doc: Document, cfg: Config) -> None:
     code = doc["text"]
     if not doc["media"]:
         doc["reject"] = "code_image_samples.no_images"  # no render stage ran before this one
+    elif not code.strip():
+        doc["reject"] = "code_image_samples.no_code"  # a binary mesh: rendered, but nothing to pair it with
     elif MEDIA_PLACEHOLDER in code:
         doc["reject"] = "code_image_samples.placeholder_in_code"  # it would misplace every image after it
     elif len(code) > cfg.max_code_chars:
@@ -67,7 +72,7 @@ def make_sample(doc: Document, cfg: Config) -> None:
     order = "image_to_code" if rng.random() < cfg.image_to_code else "code_to_image"
     templates = IMAGE_TO_CODE if order == "image_to_code" else CODE_TO_IMAGE
     wording = rng.randrange(len(templates))
-    name, fence = LANGUAGES.get(doc["kind"], (doc["kind"].upper(), doc["kind"]))
+    name, fence = doc["notes"].get("render", {}).get("language") or LANGUAGES.get(doc["kind"], (doc["kind"].upper(), doc["kind"]))
     images = image_lines(len(doc["media"]), doc["notes"].get("render", {}).get("sizes", []))
     doc["text"] = templates[wording].format(images=images, name=name, fence=fence, code=code.strip("\n"))
     doc["notes"]["code_image_samples"] = {"order": order, "wording": wording}

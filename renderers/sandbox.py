@@ -171,9 +171,7 @@ class Sandbox:
             return self.process
         self.stop()
         self.uid = allocate_uid()
-        command = [sys.executable, "-m", "renderers.sandbox", "serve", self.target, self.limits.to_json(),
-                   "" if self.uid is None else str(self.uid)]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.process = subprocess.Popen(self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, start_new_session=True, cwd="/", env=worker_env() | self.env)
         self.restarts += 1
         try:
@@ -181,6 +179,11 @@ class Sandbox:
         except (TimeoutError, EOFError, ValueError, TypeError) as err:
             raise RenderError("crashed", f"worker {self.target} did not start: {self.stop() or err!r}") from None
         return self.process
+
+    def command(self) -> list[str]:
+        """The worker's argv (a subclass may wrap it: renderers.codebox runs it in bubblewrap)."""
+        return [sys.executable, "-m", "renderers.sandbox", "serve", self.target, self.limits.to_json(),
+                "" if self.uid is None else str(self.uid)]
 
     def stop(self) -> str:
         """Kill the worker's whole tree; return how it ended ("killed by SIGSEGV", "exit 3")."""

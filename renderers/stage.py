@@ -60,9 +60,12 @@ def make_stage(cfg: Config) -> Callable[[list[Document]], list[Document]]:
 
 def render_document(doc: Document, renderer, options: RenderOptions, gates: GateConfig) -> None:
     asset_dir = Path(doc["asset_dir"]) if doc["asset_dir"] else None  # never a source column: see datapipe.schema
-    page = {"name": doc["meta"]["page_path"]} if asset_dir and doc["meta"].get("page_path") else {}  # files reader
+    # The files reader's page path for a webpage served from above its folder; renderers that read the
+    # document's file themselves (a binary mesh) get its name inside asset_dir.
+    page = {"name": doc["meta"]["page_path"]} if asset_dir and doc["meta"].get("page_path") else {}
+    named = {"name": Path(doc["meta"].get("path", "")).name} if getattr(renderer, "reads_file", False) else page
     try:
-        result = renderer.render(doc["text"], asset_dir, options, **page)
+        result = renderer.render(doc["text"], asset_dir, options, **named)
     except RenderError as err:
         doc["reject"] = f"render.{err.reason}"
         doc["error"] = err.detail[:500]

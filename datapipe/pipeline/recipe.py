@@ -95,7 +95,7 @@ class PageSource(FileSource):
 class GeneratorSource(Source):
     """Seeded generators: no files, and each decides its documents' kind."""
 
-    type: Literal["pydoc_topics", "python_programs", "svg_programs", "html_pages"]
+    type: Literal["pydoc_topics", "python_programs", "svg_programs", "html_pages", "scene_programs", "cad_programs"]
     count: int = Field(1000, ge=1)  # how many records to make
 
 

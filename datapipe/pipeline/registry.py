@@ -25,6 +25,8 @@ GENERATORS: dict[str, str] = {
     "python_programs": "datapipe.readers.generators:python_programs",  # seeded, procedurally generated code
     "svg_programs": "renderers.procedural_svg:svg_programs",  # seeded SVGs: shapes, paths, gradients, text
     "html_pages": "renderers.procedural_html:html_pages",  # seeded pages: layouts, tables, forms, type
+    "scene_programs": "renderers.procedural_3d:scene_programs",  # seeded trimesh programs: primitives, booleans
+    "cad_programs": "renderers.procedural_3d:cad_programs",  # seeded CadQuery/OpenSCAD parts: holes, fillets...
 }
 
 SOURCES: dict[str, str] = {**FILE_READERS, **GENERATORS}

@@ -23,7 +23,10 @@ absolute name starts at the bucket's root and ".." stops there.
 
 Text is decoded as UTF-8 (a BOM honoured); failing that, by the charset the file declares
 (XML `encoding=`, HTML `<meta charset>`), then cp1252, which maps every byte. A missing or
-unreadable file, one with NUL bytes (binary) or over MAX_FILE_BYTES is a reject with its path.
+unreadable file, one with NUL bytes (binary) or over MAX_FILE_BYTES is a reject with its path,
+except a mesh (.stl .glb .ply ...: kind mesh), whose text is then "" (meta encoding "binary"):
+the mesh renderer reads its file. A `.py`/`.js` file is kind code unless the source names a
+kind (cad, scene3d).
 """
 from __future__ import annotations
 
@@ -42,7 +45,9 @@ MAX_FILE_BYTES = 16 << 20  # larger "source files" are data, not code a renderer
 EXTENSION_KINDS = {
     ".svg": "svg", ".html": "html", ".htm": "html", ".xhtml": "html",
     ".py": "code", ".js": "code", ".css": "code", ".scad": "cad",
+    **dict.fromkeys((".obj", ".ply", ".stl", ".off", ".gltf", ".glb", ".3mf"), "mesh"),
 }
+GENERIC_KINDS = {"code"}  # .py/.js may be a CAD script or a 3D scene program: the source's kind, when set, wins
 DECLARED_CHARSET = re.compile(rb"""(?:encoding|charset)\s*=\s*["']?([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 MANIFEST_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 # ../ at a reference's start; one \s* a side of the quote, so no run of spaces is split two ways (linear)
@@ -89,16 +94,18 @@ def read_file(cfg: Any, path: str, source_id: str, extra: dict[str, Any]) -> Doc
         return new_reject(cfg.name, source_id, "read.unreadable_file", f"{type(err).__name__}: {err}")
     if len(data) > MAX_FILE_BYTES:
         return new_reject(cfg.name, source_id, "read.too_large", f"{path}: over {MAX_FILE_BYTES} bytes")
-    if b"\x00" in data[:8192]:
-        return new_reject(cfg.name, source_id, "read.binary_file", str(path))
-    text, encoding = decode(data)
     if is_url(path):  # no local folder a renderer could serve
         where, asset_dir, suffix = path, "", Path(urlsplit(path).path).suffix
     else:
         resolved = Path(path).resolve()
         where, asset_dir, suffix = str(resolved), str(resolved.parent), resolved.suffix
-    meta = {"path": where, "bytes": len(data), "encoding": encoding, **extra}
     kind = EXTENSION_KINDS.get(suffix.lower(), cfg.kind)
+    kind = cfg.kind if kind in GENERIC_KINDS and cfg.kind != "text" else kind
+    binary = b"\x00" in data[:8192]
+    if binary and kind != "mesh":  # a binary mesh (STL, GLB, PLY) is rendered from its file, with no text
+        return new_reject(cfg.name, source_id, "read.binary_file", str(path))
+    text, encoding = ("", "binary") if binary else decode(data)
+    meta = {"path": where, "bytes": len(data), "encoding": encoding, **extra}
     root = getattr(cfg, "asset_root", "")
     if kind == "html" and root and asset_dir:
         asset_dir = page_root(Path(where), text, Path(root))

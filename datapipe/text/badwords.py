@@ -19,13 +19,11 @@ tried only when the page has the entry's first word. The same decisions as C4's 
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
 import sys
 import tarfile
-import urllib.request
 from functools import lru_cache
 from pathlib import Path
 
@@ -105,15 +103,10 @@ def has_lists(folder: Path) -> bool:
 
 def install(folder: Path = INSTALLED) -> Path:
     """Fetch the LDNOOBW npm package, check its sha256, and write its lists and licence into `folder`."""
-    try:
-        with urllib.request.urlopen(PACKAGE_URL, timeout=60) as response:
-            data = response.read()
-    except OSError as err:
-        raise SystemExit(f"cannot fetch {PACKAGE_URL} ({err}); copy the LDNOOBW <language>.json lists into "
-                         f"{folder} by hand, or leave quality.c4.bad_words off") from None
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != PACKAGE_SHA256:
-        raise SystemExit(f"{PACKAGE_URL}: sha256 {digest}, expected {PACKAGE_SHA256}; not installed")
+    from datapipe.storage import fetch_pinned
+
+    data = fetch_pinned(PACKAGE_URL, PACKAGE_SHA256, f"copy the LDNOOBW <language>.json lists into {folder} by hand, "
+                        "or leave quality.c4.bad_words off")
     folder.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
         for member in archive.getmembers():
