@@ -133,11 +133,11 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_recipe(bad)
 
 
-def test_the_set_example_in_run_help_works_on_the_demo_recipe(capsys):
+def test_the_set_example_in_run_help_works_on_the_quickstart_recipe(capsys):
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     key, value = re.search(r"e\.g\.\s+--set\s+(\S+)=(\S+)", capsys.readouterr().out).groups()
-    recipe = load_recipe(REPO / "recipes" / "demo.yaml", [f"{key}={value}"])
+    recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", [f"{key}={value}"])
     assert recipe.phases[0].seq_len == int(value) and key == "phases.main.seq_len"
 
 

@@ -19,8 +19,21 @@ DERIVED_BITS = 12  # Document.position = record index << 12 | n for the n-th rec
 
 @lru_cache(maxsize=32)
 def cached_stage(name: str, cfg_json: str) -> Callable:
-    module = registry.stage_module(name)
-    return module.make_stage(module.Config.model_validate_json(cfg_json))
+    return build_stage(registry.stage_module(name).Config.model_validate_json(cfg_json))
+
+
+def build_stage(cfg) -> Callable:
+    """The stage's callable; with `sources`, it sees only their documents and the rest pass by."""
+    stage = registry.stage_module(cfg.stage).make_stage(cfg)
+    if not cfg.sources:
+        return stage
+    wanted = set(cfg.sources)
+
+    def on_sources(docs: list[Document]) -> list[Document]:
+        taken = [doc for doc in docs if doc["source"] in wanted]
+        return (stage(taken) if taken else []) + [doc for doc in docs if doc["source"] not in wanted]
+
+    return on_sources
 
 
 def apply_stage(stage: Callable, name: str, table):

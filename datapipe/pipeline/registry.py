@@ -25,6 +25,7 @@ GENERATORS: dict[str, str] = {
     "python_programs": "datapipe.readers.generators:python_programs",  # seeded, procedurally generated code
     "svg_programs": "renderers.procedural_svg:svg_programs",  # seeded SVGs: shapes, paths, gradients, text
     "html_pages": "renderers.procedural_html:html_pages",  # seeded pages: layouts, tables, forms, type
+    "web_archive": "datapipe.readers.web_archive:web_archive",  # a generated crawl: boilerplate, duplicates, languages
 }
 
 SOURCES: dict[str, str] = {**FILE_READERS, **GENERATORS}

@@ -1,0 +1,67 @@
+"""What the report reads from a run's shards: a few packed samples per phase, decoded.
+
+The shards hold tokens, document boundaries and images, not documents, so a gallery entry
+is a document piece cut back out of its sample: the text decoded around its media spans,
+with the sample's images of those spans. Reading stops after `MAX_SAMPLES` samples a phase
+(the report samples its galleries; a phase of 10K samples is not read whole).
+"""
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from datapipe.loader.reference import read_shards
+from datapipe.shardformat import MANIFEST
+
+MAX_SAMPLES = 64  # per phase: enough for galleries of a dozen pairs, cheap to decode
+
+
+@dataclass
+class Piece:
+    doc_id: str
+    sample: str
+    text: str  # decoded, "[image N]" where a media span was
+    offset: int = 0  # where the piece starts in its document: > 0 for the tail of a split one
+    images: list[str] = field(default_factory=list)  # data: URIs
+
+
+def phase_folders(out_dir: Path) -> list[Path]:
+    return sorted((p.parent for p in out_dir.glob(f"*/{MANIFEST}")), key=lambda p: p.stat().st_mtime)
+
+
+def read_samples(folder: Path) -> list[dict[str, Any]]:
+    samples = []
+    for sample in read_shards(folder):
+        samples.append(sample)
+        if len(samples) >= MAX_SAMPLES:
+            break
+    return samples
+
+
+def pieces_of(sample: dict[str, Any], decode) -> list[Piece]:
+    """Every document piece of a sample, decoded, with the images of its media spans."""
+    pieces, start = [], 0
+    spans = [tuple(span) for span in sample["media_spans"]]
+    for doc_id, length, offset in zip(sample["doc_ids"], sample["doc_lens"].tolist(), sample["doc_offsets"]):
+        inside = [(i, a, b) for i, (a, b) in enumerate(spans) if start <= a < start + length]
+        pieces.append(Piece(doc_id, sample["key"], decode_around(sample["tokens"], start, start + length, inside, decode),
+                            int(offset), [png_uri(sample["images"][i]) for i, _, _ in inside if i < len(sample["images"])]))
+        start += length
+    return pieces
+
+
+def decode_around(tokens, start: int, stop: int, spans: list[tuple[int, int, int]], decode) -> str:
+    if decode is None:
+        return "(no tokenizer to decode)"
+    parts, at = [], start
+    for i, a, b in spans:
+        parts += [decode(tokens[at:a].tolist()), f"[image {i}]"]
+        at = b
+    parts.append(decode(tokens[at:stop].tolist()))
+    return "".join(parts)
+
+
+def png_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
