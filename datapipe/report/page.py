@@ -55,7 +55,7 @@ class RunFiles:
         recipe_path = out_dir / "recipe.json"
         self.recipe = json.loads(recipe_path.read_text()) if recipe_path.is_file() else {}
         decode = load_decoder(out_dir)
-        self.phases = {folder.name: read_samples(folder) for folder in phase_folders(out_dir)}
+        self.phases = {folder.name: read_samples(folder) for folder in phase_folders(out_dir, list(stats.get("phases", {})))}
         self.pieces = {phase: [p for s in samples for p in pieces_of(s, decode)] for phase, samples in self.phases.items()}
 
     def stage_sources(self, stage: str) -> list[str]:

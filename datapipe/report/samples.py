@@ -27,8 +27,10 @@ class Piece:
     images: list[str] = field(default_factory=list)  # data: URIs
 
 
-def phase_folders(out_dir: Path) -> list[Path]:
-    return sorted((p.parent for p in out_dir.glob(f"*/{MANIFEST}")), key=lambda p: p.stat().st_mtime)
+def phase_folders(out_dir: Path, order: list[str]) -> list[Path]:
+    """The phase folders in curriculum order (`order`: the phase names of stats.json); others after."""
+    folders = [p.parent for p in out_dir.glob(f"*/{MANIFEST}")]
+    return sorted(folders, key=lambda p: (order.index(p.name) if p.name in order else len(order), p.name))
 
 
 def read_samples(folder: Path) -> list[dict[str, Any]]:
