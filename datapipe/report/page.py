@@ -162,7 +162,8 @@ def renders_section(run: RunFiles) -> str:
     for piece in pairs:
         by_source[piece.doc_id.split("/", 1)[0]].append(piece)
     shown = [p for group in zip_longest_sources(by_source) for p in group][:GALLERY]
-    gallery = "".join(f"<div class='pair'><div><b>{escape(p.doc_id)}</b> ({escape(p.sample)})<pre>"
+    gallery = "".join(f"<div class='pair'><div><b>{escape(p.doc_id)}</b> (sample {escape(p.sample)}; "
+                      f"{', '.join(f'{w}x{h} px' for w, h in p.sizes)}, {len(p.text):,} characters)<pre>"
                       f"{escape(p.text[:2500])}</pre></div><div>"
                       + "".join(f"<img alt='render of {escape(p.doc_id)}' src='{uri}'>" for uri in p.images)
                       + "</div></div>" for p in shown)

@@ -25,6 +25,7 @@ class Piece:
     text: str  # decoded, "[image N]" where a media span was
     offset: int = 0  # where the piece starts in its document: > 0 for the tail of a split one
     images: list[str] = field(default_factory=list)  # data: URIs
+    sizes: list[tuple[int, int]] = field(default_factory=list)  # each image's (width, height) in px
 
 
 def phase_folders(out_dir: Path, order: list[str]) -> list[Path]:
@@ -48,8 +49,10 @@ def pieces_of(sample: dict[str, Any], decode) -> list[Piece]:
     spans = [tuple(span) for span in sample["media_spans"]]
     for doc_id, length, offset in zip(sample["doc_ids"], sample["doc_lens"].tolist(), sample["doc_offsets"]):
         inside = [(i, a, b) for i, (a, b) in enumerate(spans) if start <= a < start + length]
-        pieces.append(Piece(doc_id, sample["key"], decode_around(sample["tokens"], start, start + length, inside, decode),
-                            int(offset), [png_uri(sample["images"][i]) for i, _, _ in inside if i < len(sample["images"])]))
+        images = [sample["images"][i] for i, _, _ in inside if i < len(sample["images"])]
+        text = decode_around(sample["tokens"], start, start + length, inside, decode)
+        pieces.append(Piece(doc_id, sample["key"], text, int(offset), list(map(png_uri, images)),
+                            list(map(png_size, images))))
         start += length
     return pieces
 
@@ -63,6 +66,13 @@ def decode_around(tokens, start: int, stop: int, spans: list[tuple[int, int, int
         at = b
     parts.append(decode(tokens[at:stop].tolist()))
     return "".join(parts)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk: bytes 16-24, big-endian; (0, 0) for anything else."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or len(data) < 24:
+        return 0, 0
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 def png_uri(data: bytes) -> str:
