@@ -96,6 +96,10 @@ def text_section(run: RunFiles) -> str:
     hist = run.stats.get("length_histogram", {})
     parts = [charts.histogram(f"Text length of {side} documents", list(hist.get(side, {}).items()), "characters")
              for side in ("written", "rejected") if hist.get(side)]
+    stages = run.stats.get("stages", {})
+    parts.append(charts.bar_chart("Text through the stages: what each stage read (cleaning shrinks it)",
+                                  [(name, round(c["bytes_in"] / 1e6, 3)) for name, c in stages.items() if c["bytes_in"]],
+                                  "MB of UTF-8 text in"))
     parts.append(charts.bar_chart("Languages of written documents", list(run.stats.get("languages", {}).items()),
                                   "documents"))
     rules = run.stats.get("rules", {})
