@@ -128,23 +128,32 @@ def dedup_table(rejects: list[dict[str, Any]]) -> str:
 def rephrase_section(run: RunFiles) -> str:
     """Each rewrite beside its source: written ones decoded from the shards, rejected ones from the
     rejects with the fidelity gate's scores of every attempt."""
-    sources = run.stage_sources("rephrase")
+    failed = [r for r in run.rejects if r["reject"].startswith("rephrase.")]
+    sources = set(run.stage_sources("rephrase")) or {r["source"] for r in failed}  # []: every source it saw
     pieces = unique([p for pieces in run.pieces.values() for p in pieces
                      if p.offset == 0 and (p.doc_id.split("/", 1)[0] in sources or "#rephrase" in p.doc_id)])
     texts = {p.doc_id: p.text for p in pieces}
-    failed = [r for r in run.rejects if r["reject"].startswith("rephrase.")]
-    passed = [p for p in pieces if "#rephrase" in p.doc_id]
+    unchanged = {r["derived_from"] for r in failed if r["id"].endswith("#rephrase0")}  # no rewrite of it passed
+    passed = [p for p in pieces if p.doc_id not in unchanged]
     rows = "".join(rephrase_row(r, texts.get(r["derived_from"], "(source not in the sampled shards)")) for r in failed)
-    kept = "".join(f"<tr><td>{escape(p.doc_id)}</td><td>{'a rewrite' if '#rephrase' in p.doc_id else 'the original'}"
-                   f"</td><td><pre>{escape(p.text[:1500])}</pre></td></tr>" for p in pieces[:6])
+    kept = "".join(f"<tr><td>{escape(p.doc_id)}</td><td>{written_role(p.doc_id, unchanged)}</td>"
+                   f"<td><pre>{escape(p.text[:1500])}</pre></td></tr>" for p in pieces[:6])
     share = len(failed) / max(len(failed) + len(passed), 1)
-    return (f"<p>{len(failed)} rewrites rejected by the fidelity gate or the model; {share:.0%} of the rewrites seen "
-            "here. With keep_originals off, a passing rewrite takes its original's id and the original is written "
-            "when none passes. A written rewrite's scores stay in the run's work notes; a rejected one keeps them in "
-            "rejects/*.jsonl, shown here.</p><h3>Rejected rewrites, beside their source</h3><table><tr><th>id</th>"
-            "<th>style / reason</th><th>source (decoded from the shard)</th><th>rewrite</th><th>fidelity scores</th>"
-            f"</tr>{rows}</table><h3>Written documents of the rephrased sources</h3><table><tr><th>id</th><th>what"
-            f"</th><th>text (decoded from the shard)</th></tr>{kept}</table>")
+    return (f"<p>{len(passed)} rewrites written (in the sampled shards), {len(failed)} rejected by the fidelity gate "
+            f"({share:.0%}). With keep_originals off, a passing rewrite takes its original's id, and the original is "
+            "written unchanged when none passes. A written rewrite's scores stay in the run's work notes; a rejected "
+            "one keeps them in rejects/*.jsonl, shown here.</p><h3>Rejected rewrites, beside their source</h3><table>"
+            "<tr><th>id</th><th>style / reason</th><th>source (decoded from the shard)</th><th>rewrite</th><th>fidelity "
+            f"scores</th></tr>{rows}</table><h3>Written documents of the rephrased sources</h3><table><tr><th>id</th>"
+            f"<th>what</th><th>text (decoded from the shard)</th></tr>{kept}</table>")
+
+
+def written_role(doc_id: str, unchanged: set[str]) -> str:
+    """A passing rewrite takes its original's id (keep_originals off), so a written document is the
+    original only when its rewrite 0 was rejected: then none passed."""
+    if doc_id in unchanged:
+        return "the original, unchanged (no rewrite passed)"
+    return "a created rewrite" if "#rephrase" in doc_id else "the rewrite that passed the gate, under its original's id"
 
 
 def rephrase_row(record: dict[str, Any], source: str) -> str:
