@@ -273,3 +273,11 @@ def test_a_stage_with_sources_leaves_the_other_documents_untouched():
     stage = build_stage(NormalizeConfig(stage="normalize", sources=["web"]))
     docs = stage([new_document("web", "1", "a  b\r\n"), new_document("svg", "2", "a  b\r\n")])
     assert [(doc["source"], doc["text"]) for doc in docs] == [("web", "a b"), ("svg", "a  b\r\n")]
+
+
+@pytest.mark.parametrize("command", [["run"], ["inspect"], ["report"], ["recipes"], ["tokenizer"], ["tokenizer", "train"],
+                                     ["tokenizer", "export"]])
+def test_every_command_help_ends_with_an_example(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([*command, "--help"])
+    assert "example:\n  datapipe " in capsys.readouterr().out
