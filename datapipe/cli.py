@@ -101,15 +101,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     stats = run_recipe(recipe, out, args.ray_address, console, restart=args.restart)
     console.print(summary_table(stats, f"{recipe.name} -> {out}"))
     if not args.no_report and Path(out).is_dir():  # a local run; `datapipe report` rebuilds one copied back
-        from datapipe.report.page import write_report
-
-        console.print(f"report: [bold]{write_report(out)}[/bold] (open it in a browser)", highlight=False)
+        write_run_report(Path(out))
     if not stats["balanced"]:
         console.print(f"[red]error:[/red] the accounting does not balance (records in + created != written + "
                       f"rejected): a stage lost or duplicated records. {out}/stats.json has the counts per "
                       "stage; the shards are written but do not trust them until the stage is fixed", highlight=False)
         return 1
     return 0
+
+
+def write_run_report(out: Path) -> None:
+    """The report at the end of a run: a failure here costs the page, never the finished run."""
+    from datapipe.report.page import write_report
+
+    try:
+        console.print(f"report: [bold]{write_report(out)}[/bold] (open it in a browser)", highlight=False)
+    except Exception as err:  # noqa: BLE001 - the shards are written; say so and how to retry
+        console.print(f"[yellow]warning:[/yellow] the run is done but its report failed ({type(err).__name__}: "
+                      f"{escape(str(err))}); rebuild it with `datapipe report {out}`", highlight=False)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -124,8 +133,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from datapipe.report.page import write_report
+    from datapipe.report.samples import ReportError
 
-    console.print(f"wrote {write_report(args.out_dir)}", highlight=False)
+    try:
+        console.print(f"wrote {write_report(args.out_dir)}", highlight=False)
+    except ReportError as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+        return 2
     return 0
 
 

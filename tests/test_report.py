@@ -90,3 +90,14 @@ def test_inspect_sample_draws_boundaries(demo_run, capsys):
     assert "loss mask" in shown and "short-000000000" in shown and "|" in shown
     assert cli.main(["inspect", str(demo_run), "--sample", "100000"]) == 2
     assert "no sample 100000" in capsys.readouterr().err
+
+
+def test_report_on_a_damaged_run_names_the_folder(demo_run, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(demo_run, copy)
+    shard = sorted((copy / "short").glob("*.tar"))[0]
+    shard.write_bytes(shard.read_bytes()[:3000])
+    assert cli.main(["report", str(copy)]) == 2
+    assert f"{copy / 'short'}: its shards do not read back" in " ".join(capsys.readouterr().err.split())

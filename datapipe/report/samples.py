@@ -8,6 +8,7 @@ with the sample's images of those spans. Reading stops after `MAX_SAMPLES` sampl
 from __future__ import annotations
 
 import base64
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,20 @@ def phase_folders(out_dir: Path, order: list[str]) -> list[Path]:
     return sorted(folders, key=lambda p: (order.index(p.name) if p.name in order else len(order), p.name))
 
 
+class ReportError(ValueError):
+    """A run folder whose files the report cannot read; the message names the file and what to do."""
+
+
 def read_samples(folder: Path) -> list[dict[str, Any]]:
     samples = []
-    for sample in read_shards(folder):
-        samples.append(sample)
-        if len(samples) >= MAX_SAMPLES:
-            break
+    try:
+        for sample in read_shards(folder):
+            samples.append(sample)
+            if len(samples) >= MAX_SAMPLES:
+                break
+    except (OSError, ValueError, tarfile.TarError) as err:
+        raise ReportError(f"{folder}: its shards do not read back ({err}); `datapipe inspect` shows which, and "
+                          "`datapipe run RECIPE --restart` writes them again") from err
     return samples
 
 
