@@ -22,12 +22,13 @@ from datapipe.report.samples import Piece, phase_folders, pieces_of, read_sample
 REPORT = "report.html"
 SECTIONS = ("flow", "text", "rephrase", "renders", "tokens", "sample", "time")  # ids, in page order
 GALLERY = 8  # code-image pairs shown: enough to see each kind, small enough to open at once
+LISTED = 12  # pieces of the drawn sample listed with their text (a 1M-token sample holds thousands)
 STYLE = """body{font-family:sans-serif;margin:2em auto;max-width:1100px;color:#222}
 section{border-top:1px solid #ccc;margin-top:2em}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ddd;padding:3px 6px;vertical-align:top;text-align:left}
 pre{white-space:pre-wrap;max-height:240px;overflow:auto;background:#f6f6f6;padding:6px;font-size:12px;margin:0}
 .pair{display:grid;grid-template-columns:1fr 260px;gap:10px;margin:10px 0}.pair img{max-width:256px;border:1px solid #ccc}
-.note{color:#666;font-size:13px}"""
+.note{color:#666;font-size:13px}pre.short{max-height:110px}"""
 
 
 def write_report(out_dir: Path | str) -> Path:
@@ -240,11 +241,12 @@ def sample_section(run: RunFiles) -> str:
                                 list(zip(starts, sample["doc_lens"].tolist(), sample["doc_ids"])),
                                 int(sample["num_pad"]), sample["media_spans"], sample["loss_mask"].tolist())
     pieces = [p for p in run.pieces[phase] if p.sample == sample["key"]]
-    listing = "".join(f"<tr><td>{i}</td><td>{escape(p.doc_id)}</td><td><pre>{escape(p.text[:800])}</pre></td><td>"
+    listing = "".join(f"<tr><td>{i}</td><td>{escape(p.doc_id)}</td><td><pre class='short'>{escape(p.text[:800])}</pre></td><td>"
                       + "".join(f"<img width='96' alt='image' src='{uri}'>" for uri in p.images) + "</td></tr>"
-                      for i, p in enumerate(pieces))
+                      for i, p in enumerate(pieces[:LISTED]))
+    more = f"<p class='note'>and {len(pieces) - LISTED} more pieces</p>" if len(pieces) > LISTED else ""
     return (f"{strip}<table><tr><th>piece</th><th>document</th><th>decoded text</th><th>images</th></tr>"
-            f"{listing}</table>")
+            f"{listing}</table>{more}")
 
 
 def time_section(run: RunFiles) -> str:

@@ -2,8 +2,9 @@
 
 The shards hold tokens, document boundaries and images, not documents, so a gallery entry
 is a document piece cut back out of its sample: the text decoded around its media spans,
-with the sample's images of those spans. Reading stops after `MAX_SAMPLES` samples a phase
-(the report samples its galleries; a phase of 10K samples is not read whole).
+with the sample's images of those spans. Reading stops after MAX_SAMPLES samples or MAX_TOKENS
+tokens a phase, and each stretch of text decodes MAX_DECODED tokens at most (the report samples
+its galleries: a phase of 10K samples is not read whole, a 1M-token document not decoded whole).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from datapipe.loader.reference import read_shards
 from datapipe.shardformat import MANIFEST
 
 MAX_SAMPLES = 64  # per phase: enough for galleries of a dozen pairs, cheap to decode
+MAX_TOKENS = 1 << 21  # per phase as well: 2M tokens are 64 samples at 32K but 2 at 1M
+MAX_DECODED = 1024  # tokens decoded per stretch of text: the page shows 2,500 characters of a piece at most
 
 
 @dataclass
@@ -44,7 +47,7 @@ def read_samples(folder: Path) -> list[dict[str, Any]]:
     try:
         for sample in read_shards(folder):
             samples.append(sample)
-            if len(samples) >= MAX_SAMPLES:
+            if len(samples) >= MAX_SAMPLES or len(samples) * len(sample["tokens"]) >= MAX_TOKENS:
                 break
     except (OSError, ValueError, tarfile.TarError) as err:
         raise ReportError(f"{folder}: its shards do not read back ({err}); `datapipe inspect` shows which, and "
@@ -71,9 +74,9 @@ def decode_around(tokens, start: int, stop: int, spans: list[tuple[int, int, int
         return "(no tokenizer to decode)"
     parts, at = [], start
     for i, a, b in spans:
-        parts += [decode(tokens[at:a].tolist()), f"[image {i}]"]
+        parts += [decode(tokens[at:min(a, at + MAX_DECODED)].tolist()), f"[image {i}]"]
         at = b
-    parts.append(decode(tokens[at:stop].tolist()))
+    parts.append(decode(tokens[at:min(stop, at + MAX_DECODED)].tolist()))
     return "".join(parts)
 
 
