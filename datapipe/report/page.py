@@ -17,7 +17,7 @@ from typing import Any
 
 from datapipe.pipeline.inspect import load_decoder, read_rejects
 from datapipe.report import charts
-from datapipe.report.samples import Piece, phase_folders, pieces_of, read_samples
+from datapipe.report.samples import Piece, gate_measures, phase_folders, pieces_of, png_size, png_uri, read_samples
 
 REPORT = "report.html"
 SECTIONS = ("flow", "text", "rephrase", "renders", "tokens", "sample", "time")  # ids, in page order
@@ -27,7 +27,7 @@ STYLE = """body{font-family:sans-serif;margin:2em auto;max-width:1100px;color:#2
 section{border-top:1px solid #ccc;margin-top:2em}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ddd;padding:3px 6px;vertical-align:top;text-align:left}
 pre{white-space:pre-wrap;max-height:240px;overflow:auto;background:#f6f6f6;padding:6px;font-size:12px;margin:0}
-.pair{display:grid;grid-template-columns:1fr 260px;gap:10px;margin:10px 0}.pair img{max-width:256px;border:1px solid #ccc}
+.pair{display:grid;grid-template-columns:1fr 260px;gap:10px;margin:10px 0}.pair img{max-width:256px;border:1px solid #ccc}figure{margin:0 0 8px}figcaption{font-size:11px;color:#555}
 .note{color:#666;font-size:13px}pre.short{max-height:110px}"""
 
 
@@ -176,11 +176,8 @@ def renders_section(run: RunFiles) -> str:
     for piece in pairs:
         by_source[piece.doc_id.split("/", 1)[0]].append(piece)
     shown = [p for group in zip_longest_sources(by_source) for p in group][:GALLERY]
-    gallery = "".join(f"<div class='pair'><div><b>{escape(p.doc_id)}</b> (sample {escape(p.sample)}; "
-                      f"{', '.join(f'{w}x{h} px' for w, h in p.sizes)}, {len(p.text):,} characters)<pre>"
-                      f"{escape(p.text[:2500])}</pre></div><div>"
-                      + "".join(f"<img alt='render of {escape(p.doc_id)}' src='{uri}'>" for uri in p.images)
-                      + "</div></div>" for p in shown)
+    gates = next((s for s in run.recipe.get("stages", []) if s.get("stage") == "render"), {})
+    gallery = "".join(gallery_pair(p, gates) for p in shown)
     rejects = Counter(r["reject"] for r in run.rejects if r["reject"].split(".")[0] in RENDER_STAGES)
     rows = "".join(f"<tr><td>{escape(reason)}</td><td>{n}</td></tr>" for reason, n in rejects.most_common()) or \
         "<tr><td>none: every render passed its gates</td><td>0</td></tr>"
@@ -190,6 +187,15 @@ def renders_section(run: RunFiles) -> str:
 
 
 RENDER_STAGES = ("render", "render_dedup", "code_image_samples")
+
+
+def gallery_pair(piece: Piece, gates: dict[str, Any]) -> str:
+    """The sample's text (code and prompt) beside its images, each with its size and gate measures."""
+    images = "".join(f"<figure><img alt='render of {escape(piece.doc_id)}' src='{png_uri(png)}'><figcaption>"
+                     f"{'x'.join(map(str, png_size(png)))} px; {escape(gate_measures(png, gates))}</figcaption></figure>"
+                     for png in piece.images)
+    return (f"<div class='pair'><div><b>{escape(piece.doc_id)}</b> (sample {escape(piece.sample)}, "
+            f"{len(piece.text):,} characters)<pre>{escape(piece.text[:2500])}</pre></div><div>{images}</div></div>")
 
 
 def zip_longest_sources(by_source: dict[str, list[Piece]]) -> list[list[Piece]]:
@@ -242,7 +248,7 @@ def sample_section(run: RunFiles) -> str:
                                 int(sample["num_pad"]), sample["media_spans"], sample["loss_mask"].tolist())
     pieces = [p for p in run.pieces[phase] if p.sample == sample["key"]]
     listing = "".join(f"<tr><td>{i}</td><td>{escape(p.doc_id)}</td><td><pre class='short'>{escape(p.text[:800])}</pre></td><td>"
-                      + "".join(f"<img width='96' alt='image' src='{uri}'>" for uri in p.images) + "</td></tr>"
+                      + "".join(f"<img width='96' alt='image' src='{png_uri(png)}'>" for png in p.images) + "</td></tr>"
                       for i, p in enumerate(pieces[:LISTED]))
     more = f"<p class='note'>and {len(pieces) - LISTED} more pieces</p>" if len(pieces) > LISTED else ""
     return (f"{strip}<table><tr><th>piece</th><th>document</th><th>decoded text</th><th>images</th></tr>"

@@ -28,8 +28,7 @@ class Piece:
     sample: str
     text: str  # decoded, "[image N]" where a media span was
     offset: int = 0  # where the piece starts in its document: > 0 for the tail of a split one
-    images: list[str] = field(default_factory=list)  # data: URIs
-    sizes: list[tuple[int, int]] = field(default_factory=list)  # each image's (width, height) in px
+    images: list[bytes] = field(default_factory=list)  # the PNGs of its media spans, in order
 
 
 def phase_folders(out_dir: Path, order: list[str]) -> list[Path]:
@@ -63,8 +62,7 @@ def pieces_of(sample: dict[str, Any], decode) -> list[Piece]:
         inside = [(i, a, b) for i, (a, b) in enumerate(spans) if start <= a < start + length]
         images = [sample["images"][i] for i, _, _ in inside if i < len(sample["images"])]
         text = decode_around(sample["tokens"], start, start + length, inside, decode)
-        pieces.append(Piece(doc_id, sample["key"], text, int(offset), list(map(png_uri, images)),
-                            list(map(png_size, images))))
+        pieces.append(Piece(doc_id, sample["key"], text, int(offset), images))
         start += length
     return pieces
 
@@ -85,6 +83,17 @@ def png_size(data: bytes) -> tuple[int, int]:
     if data[:8] != b"\x89PNG\r\n\x1a\n" or len(data) < 24:
         return 0, 0
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def gate_measures(png: bytes, gates: dict[str, Any]) -> str:
+    """The render gates' measures of an image, recomputed as the render stage did (shards keep the
+    images, not the notes): foreground and edge shares of its grey thumbnail, and the verdict
+    under the run's thresholds (`gates`: the render stage's options from recipe.json)."""
+    from renderers.gates import GateConfig, check_image, grayscale
+
+    config = GateConfig(**{key: value for key, value in gates.items() if key in GateConfig.model_fields})
+    reason, measures = check_image(grayscale(png), config)
+    return f"foreground {measures['foreground']:.1%}, edges {measures['edges']:.1%}: {reason or 'passes'}"
 
 
 def png_uri(data: bytes) -> str:
