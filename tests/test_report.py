@@ -101,3 +101,10 @@ def test_report_on_a_damaged_run_names_the_folder(demo_run, tmp_path, capsys):
     shard.write_bytes(shard.read_bytes()[:3000])
     assert cli.main(["report", str(copy)]) == 2
     assert f"{copy / 'short'}: its shards do not read back" in " ".join(capsys.readouterr().err.split())
+
+
+def test_stats_hold_worker_time_per_stage(demo_run):
+    stats = json.loads((demo_run / "stats.json").read_text())
+    busy = stats["stage_busy_s"]
+    assert {"extract", "rephrase", "render", "tokenize"} <= busy.keys() and all(s >= 0 for s in busy.values())
+    assert busy["rephrase"] > 0 and busy["render"] > 0  # a model and a browser take measurable time

@@ -266,8 +266,15 @@ def time_section(run: RunFiles) -> str:
                              [("records/s", round(records / wall, 1) if wall else 0),
                               ("tokens/s (thousands)", round(run.stats.get("tokens", 0) / wall / 1000, 1) if wall else 0)],
                              "per second")
-    return (bars + rates + "<p class='note'>The runner records wall time for the stages together and for packing; "
-            "a time per stage is not in stats.json yet.</p>")
+    busy = run.stats.get("stage_busy_s", {})
+    stages = run.stats.get("stages", {})
+    per_stage = charts.bar_chart("Worker time per stage (summed over workers)", list(busy.items()), "seconds")
+    speed = charts.bar_chart("Records per worker-second, per stage", [
+        (stage, round(stages[stage]["in"] / seconds, 1)) for stage, seconds in busy.items() if seconds and stage in stages],
+        "records per second of one worker")
+    return (bars + rates + per_stage + speed + "<p class='note'>Worker time is each batch's time in a stage, summed "
+            "over the workers that ran it: on N busy workers it runs N times faster than the wall clock. Stages that "
+            "pass a source's documents by count them, and their time, too.</p>")
 
 
 TITLES = {"flow": "Flow: records per stage and per reject reason", "text": "Text: lengths, languages, quality, "
