@@ -6,7 +6,8 @@ name, index) alone. Pages come in ten shapes, index % 10, so any 100 pages hold 
           banner and a footer (boilerplate the extractor must drop); some carry an e-mail
           address or a phone number (for the PII stage);
   4       boilerplate only: menus and link lists, a dozen words of text (the quality rules' case);
-  5       the article of index - 5 again, in another page template (an exact duplicate once extracted);
+  5       the article of index - 5 again in another page (its paragraph breaks differ: an exact
+          duplicate for dedup, which compares normalized words);
   6       the article of index - 6 with one sentence changed (a near duplicate);
   7       an article in German (even tens) or French (odd tens), for language ID;
   8       a broken record: a page cut off before its body, or script and no text (extract.empty).
