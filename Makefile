@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh Debian/Ubuntu machine:
-#   make demo   install everything, then run recipes/demo.yaml into out/demo/
+#   make demo   install everything, then run recipes/demo.yaml into out/demo/ (and out/demo/report.html)
 #   make test   install everything, then run the test suite
 PYTHON ?= python3
 VENV := .venv
@@ -14,7 +14,7 @@ APT_PACKAGES += libosmesa6 libegl1 libegl-mesa0 libgl1-mesa-dri openscad bubblew
 .PHONY: demo test install system-deps lint bench bench-deps clean
 
 demo: install
-	$(BIN)/datapipe run recipes/demo.yaml
+	$(BIN)/datapipe run recipes/demo.yaml   # its last line says where the report is
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="datapipe", description=__doc__)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run a recipe: sources -> stages -> packed shards")
+    run = command(commands, "run", "run a recipe: sources -> stages -> packed shards, then out/<name>/report.html",
+                  "datapipe run recipes/demo.yaml\n  datapipe run recipes/quickstart.yaml --out out/qs "
+                  "--set phases.main.seq_len=4096")
     run.add_argument("recipe", help="a recipe YAML file, e.g. recipes/demo.yaml")
     run.add_argument("--out", help="output folder: a path or any fsspec URL, e.g. s3://bucket/run (default: out/<name>)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -48,29 +50,48 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ray-address", help="join this Ray cluster (default: RAY_ADDRESS, else local Ray)")
     run.add_argument("--restart", action="store_true",
                      help="start over instead of resuming; a finished run in --out is replaced once the new one is done")
+    run.add_argument("--no-report", action="store_true", help="skip writing report.html at the end")
     run.set_defaults(handler=cmd_run)
 
-    inspect = commands.add_parser("inspect", help="summarize a run's output folder")
+    inspect = command(commands, "inspect", "summarize a run's output folder in the terminal",
+                      "datapipe inspect out/demo\n  datapipe inspect out/demo --sample 3   # draw packed sample 3")
     inspect.add_argument("out_dir", type=Path)
     inspect.add_argument("--samples", type=int, default=2, help="decoded samples to show per phase")
+    inspect.add_argument("--sample", type=int, default=None, metavar="N",
+                         help="draw only the N-th packed sample of the first phase (--phase picks another), "
+                              "with its document boundaries, padding, loss mask and media spans")
+    inspect.add_argument("--phase", default=None, help="the phase --sample reads (default: the first)")
     inspect.set_defaults(handler=cmd_inspect)
 
-    recipes = commands.add_parser("recipes", help="list recipes, one line each")
+    report = command(commands, "report", "rebuild OUT_DIR/report.html from a finished run's files",
+                     "datapipe report out/demo   # then open out/demo/report.html in a browser")
+    report.add_argument("out_dir", type=Path)
+    report.set_defaults(handler=cmd_report)
+
+    recipes = command(commands, "recipes", "list recipes, one line each", "datapipe recipes --dir recipes")
     recipes.add_argument("--dir", type=Path, default=None, help="folder of recipes (default: ./recipes)")
     recipes.set_defaults(handler=cmd_recipes)
 
-    tokenizer = commands.add_parser("tokenizer", help="tokenizer tools")
+    tokenizer = command(commands, "tokenizer", "tokenizer tools", "datapipe tokenizer train --help")
     tokenizer_commands = tokenizer.add_subparsers(required=True, metavar="ACTION")
-    train = tokenizer_commands.add_parser("train", help="train a byte-level BPE tokenizer")
+    train = command(tokenizer_commands, "train", "train a byte-level BPE tokenizer",
+                    "datapipe tokenizer train recipes/quickstart.yaml --vocab-size 8192 --out out/tok")
     train.add_argument("inputs", nargs="+", help="a recipe YAML (its sources are read) or text/JSONL files")
     train.add_argument("--vocab-size", type=int, required=True)
     train.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json and tokenizer.tiktoken")
     train.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen at least this often")
     train.set_defaults(handler=cmd_tokenizer_train)
-    export = tokenizer_commands.add_parser("export", help="write the tiktoken ranks file beside a tokenizer.json")
+    export = command(tokenizer_commands, "export", "write the tiktoken ranks file beside a tokenizer.json",
+                     "datapipe tokenizer export out/tok/tokenizer.json")
     export.add_argument("tokenizer_json", type=Path)
     export.set_defaults(handler=cmd_tokenizer_export)
     return parser
+
+
+def command(commands, name: str, summary: str, example: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help ends with an example."""
+    return commands.add_parser(name, help=summary, description=summary, epilog=f"example:\n  {example}",
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -87,6 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise
         return report_disk_full(full, out)
     console.print(summary_table(stats, f"{recipe.name} -> {out}"))
+    if not args.no_report and Path(out).is_dir():  # a local run; `datapipe report` rebuilds one copied back
+        write_run_report(Path(out))
     if not stats["balanced"]:
         console.print(f"[red]error:[/red] the accounting does not balance (records in + created != written + "
                       f"rejected): a stage lost or duplicated records. {out}/stats.json has the counts per "
@@ -135,10 +158,36 @@ def stop_ray() -> None:
         ray.shutdown()
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from datapipe.pipeline.inspect import inspect_run
+def write_run_report(out: Path) -> None:
+    """The report at the end of a run: a failure here costs the page, never the finished run."""
+    from datapipe.report.page import write_report
 
-    inspect_run(args.out_dir, args.samples, console)
+    try:
+        console.print(f"report: [bold]{write_report(out)}[/bold] (open it in a browser)", highlight=False)
+    except Exception as err:  # noqa: BLE001 - the shards are written; say so and how to retry
+        console.print(f"[yellow]warning:[/yellow] the run is done but its report failed ({type(err).__name__}: "
+                      f"{escape(str(err))}); rebuild it with `datapipe report {out}`", highlight=False)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from datapipe.pipeline.inspect import inspect_run, show_sample
+
+    if args.sample is not None:
+        show_sample(args.out_dir, args.sample, args.phase, console)
+    else:
+        inspect_run(args.out_dir, args.samples, console)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from datapipe.report.page import write_report
+    from datapipe.report.samples import ReportError
+
+    try:
+        console.print(f"wrote {write_report(args.out_dir)}", highlight=False)
+    except ReportError as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+        return 2
     return 0
 
 

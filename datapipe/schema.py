@@ -7,7 +7,7 @@ invents a field of its own.
 A Document keeps three kinds of data apart, so that what a source brings can never be
 mistaken for what the pipeline decided:
 - typed fields: everything the pipeline reads back to count, route or trust a record
-  (reject, error, derived_from, transforms, bytes_in, language and its score, pii,
+  (reject, error, derived_from, transforms, bytes_in, busy_us, language and its score, pii,
   num_tokens, asset_dir). The runner and the stage that owns a field write it; a reader
   writes none but asset_dir (the files reader: the file's own folder).
 - `meta`: the source's own data: a tabular row's other columns, unchanged whatever
@@ -50,6 +50,7 @@ class Document(TypedDict):
     derived_from: str  # "" for a record a source read; the id of the record a stage made it from (a rewrite)
     transforms: list[str]  # the stages that kept it, in order (provenance, and stats' per-stage counts)
     bytes_in: dict[str, int]  # stage -> UTF-8 bytes of text that stage saw (set by the runner, for stats)
+    busy_us: dict[str, int]  # stage -> its share of the worker time that stage spent on its batch, in us (runner, stats)
     language: str  # "" until langid; then its ISO 639-1 code ("en"), which picks C4's bad-words list
     language_score: float  # langid's confidence in `language`, 0..1; 0.0 until langid
     pii: dict[str, int]  # redactions by kind ("email": 2), kinds found only; {} until the pii stage
@@ -80,7 +81,7 @@ class PackedSample(TypedDict):
 
 
 JSON_FIELDS = ("meta", "notes")  # dicts whose keys vary: JSON text in Arrow
-MAP_FIELDS = ("bytes_in", "pii")  # str -> int dicts: Arrow maps, which read back as (key, value) pairs
+MAP_FIELDS = ("bytes_in", "busy_us", "pii")  # str -> int dicts: Arrow maps, which read back as (key, value) pairs
 
 
 def arrow_schema():
@@ -101,6 +102,7 @@ def arrow_schema():
         ("derived_from", pa.string()),
         ("transforms", pa.list_(pa.string())),
         ("bytes_in", counts),
+        ("busy_us", counts),
         ("language", pa.string()),
         ("language_score", pa.float64()),
         ("pii", counts),
@@ -129,6 +131,7 @@ def new_document(source: str, source_id: str, text: str, kind: str = "text", met
         "derived_from": "",
         "transforms": [],
         "bytes_in": {},
+        "busy_us": {},
         "language": "",
         "language_score": 0.0,
         "pii": {},

@@ -50,6 +50,9 @@ class StageConfig(Strict):
     # which the render stage already uses for its browser's heap cap.
     reserved_memory_mb: int | None = Field(None, ge=1)
     resources: dict[str, float] = {}  # custom resources each task or actor needs ({chromium: 1}): only nodes with them run it
+    # Only documents of these recipe sources go through the stage; the others pass by untouched and
+    # count as kept by it. [] = every source. One recipe can then clean web text and render programs.
+    sources: list[str] = []
 
     @field_validator("concurrency", mode="before")
     @classmethod

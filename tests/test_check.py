@@ -38,7 +38,7 @@ def test_a_runnable_recipe_passes_and_a_missing_file_beside_others_stays_a_rejec
         {"name": "code", "type": "python_programs", "count": 3}])))
     assert [Path(item["path"]).name for item in inputs["web"]] == ["a.jsonl", "gone.jsonl"]  # the run reads both
     assert [(item["start"], item["stop"]) for item in inputs["code"]] == [(0, 3)]
-    assert set(check_recipe(load_recipe(ROOT / "recipes" / "demo.yaml"))) == {"pydoc", "programs", "notes"}
+    assert set(check_recipe(load_recipe(ROOT / "recipes" / "quickstart.yaml"))) == {"pydoc", "programs", "notes"}
 
 
 def test_paths_that_match_nothing_name_the_pattern_and_the_folder(tmp_path):

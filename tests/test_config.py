@@ -133,11 +133,11 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_recipe(bad)
 
 
-def test_the_set_example_in_run_help_works_on_the_demo_recipe(capsys):
+def test_the_set_example_in_run_help_works_on_the_quickstart_recipe(capsys):
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     key, value = re.search(r"e\.g\.\s+--set\s+(\S+)=(\S+)", capsys.readouterr().out).groups()
-    recipe = load_recipe(REPO / "recipes" / "demo.yaml", [f"{key}={value}"])
+    recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", [f"{key}={value}"])
     assert recipe.phases[0].seq_len == int(value) and key == "phases.main.seq_len"
 
 
@@ -254,3 +254,30 @@ def test_recipes_command_shows_an_invalid_recipes_first_problem(tmp_path, capsys
     assert cli.main(["recipes", "--dir", str(tmp_path)]) == 0
     shown = " ".join(capsys.readouterr().err.split())
     assert "invalid: sources[0].paths: a pydoc_topics source has no `paths`" in shown and "(+1 more)" in shown
+
+
+def test_stage_sources_must_name_recipe_sources_and_not_a_global_stage(tmp_path):
+    recipe = base()
+    recipe["stages"] = [{"stage": "normalize", "sources": ["docs", "nope"]}, {"stage": "dedup", "sources": ["docs"]},
+                        {"stage": "tokenize"}]
+    message = error_of(tmp_path, recipe)
+    assert "stages.0 (normalize).sources: unknown source nope; the recipe's sources: docs" in message
+    assert "stages.1 (dedup).sources: a global stage sees every document" in message
+
+
+def test_a_stage_with_sources_leaves_the_other_documents_untouched():
+    from datapipe.pipeline.apply import build_stage
+    from datapipe.schema import new_document
+    from datapipe.text.normalize import Config as NormalizeConfig
+
+    stage = build_stage(NormalizeConfig(stage="normalize", sources=["web"]))
+    docs = stage([new_document("web", "1", "a  b\r\n"), new_document("svg", "2", "a  b\r\n")])
+    assert [(doc["source"], doc["text"]) for doc in docs] == [("web", "a b"), ("svg", "a  b\r\n")]
+
+
+@pytest.mark.parametrize("command", [["run"], ["inspect"], ["report"], ["recipes"], ["tokenizer"], ["tokenizer", "train"],
+                                     ["tokenizer", "export"]])
+def test_every_command_help_ends_with_an_example(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([*command, "--help"])
+    assert "example:\n  datapipe " in capsys.readouterr().out

@@ -61,7 +61,7 @@ def test_a_shard_that_does_not_fit_is_removed(tmp_path):
 @pytest.mark.slow
 def test_a_run_into_a_full_disk_exits_3_with_one_line(tmp_path):
     with small_disk(tmp_path / "disk", "1m") as disk:
-        run = subprocess.run([sys.executable, "-m", "datapipe.cli", "run", str(REPO / "recipes" / "demo.yaml"),
+        run = subprocess.run([sys.executable, "-m", "datapipe.cli", "run", str(REPO / "recipes" / "quickstart.yaml"),
                               "--out", str(disk / "demo")], capture_output=True, text=True, cwd=REPO, timeout=600)
         assert run.returncode == 3, run.stderr[-3000:]
         errors = [line for line in run.stderr.splitlines() if "error" in line.lower()]

@@ -304,3 +304,20 @@ def test_a_single_file_over_http_reads_and_a_404_is_a_missing_file(tmp_path):
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
+
+
+def test_web_archive_is_the_same_however_it_is_split_and_has_each_fault():
+    from datapipe.readers.web_archive import SHAPES, web_archive
+    from datapipe.text.extract import Config as ExtractConfig
+    from datapipe.text.extract import make_stage as make_extract
+
+    cfg = source(name="web", type="web_archive", count=20)
+    whole = list(web_archive(cfg, 0, 0, 20))
+    assert whole == list(web_archive(cfg, 0, 0, 7)) + list(web_archive(cfg, 0, 7, 20))
+    assert [doc["meta"]["shape"] for doc in whole[:10]] == SHAPES and {doc["kind"] for doc in whole} == {"html"}
+    docs = make_extract(ExtractConfig(stage="extract"))(whole)
+    text = [" ".join(doc["text"].split()) for doc in docs]  # paragraph breaks differ from page to page
+    assert text[5] == text[0]  # the duplicate repeats index 0's article in another page
+    assert text[6] != text[0] and "updated after readers" in text[6]  # the near duplicate: one sentence changed
+    assert docs[8]["reject"] == "extract.empty" and docs[18]["reject"] == "extract.empty"  # both kinds of broken page
+    assert all("cookies" not in t and "Copyright" not in t for t in text[:4])  # the boilerplate is dropped

@@ -3,11 +3,14 @@
 Rejected records pass by untouched; the live ones go to the stage; a stage that raises is
 retried one record at a time, so one bad record becomes `<stage>.error` and the batch goes on;
 a stage that loses a record without a reject reason stops the run; every record the stage kept
-gets its name in `transforms`, and `bytes_in[stage]` records the text size the stage saw.
+gets its name in `transforms`, and `bytes_in[stage]` records the text size the stage saw and
+`busy_us[stage]` its share of the batch's time in the stage (the batch's time split evenly over
+the records that came out: stats' time per stage, summed over workers).
 """
 from __future__ import annotations
 
 import json
+import time
 from functools import lru_cache
 from typing import Callable
 
@@ -19,8 +22,21 @@ DERIVED_BITS = 12  # Document.position = record index << 12 | n for the n-th rec
 
 @lru_cache(maxsize=32)
 def cached_stage(name: str, cfg_json: str) -> Callable:
-    module = registry.stage_module(name)
-    return module.make_stage(module.Config.model_validate_json(cfg_json))
+    return build_stage(registry.stage_module(name).Config.model_validate_json(cfg_json))
+
+
+def build_stage(cfg) -> Callable:
+    """The stage's callable; with `sources`, it sees only their documents and the rest pass by."""
+    stage = registry.stage_module(cfg.stage).make_stage(cfg)
+    if not cfg.sources:
+        return stage
+    wanted = set(cfg.sources)
+
+    def on_sources(docs: list[Document]) -> list[Document]:
+        taken = [doc for doc in docs if doc["source"] in wanted]
+        return (stage(taken) if taken else []) + [doc for doc in docs if doc["source"] not in wanted]
+
+    return on_sources
 
 
 def apply_stage(stage: Callable, name: str, table):
@@ -35,12 +51,14 @@ def apply_to_documents(stage: Callable, name: str, docs: list[Document],
     dead = [doc for doc in docs if doc["reject"]]
     alive = [doc for doc in docs if not doc["reject"]]
     record_bytes_in(alive, name)
+    started = time.perf_counter()
     try:
         out = stage(alive) if alive else []
     except Exception:  # noqa: BLE001 - one bad record must not fail the batch: retry one by one
         again = record_bytes_in([doc for doc in fresh() if not doc["reject"]], name)
         out = [kept for doc in again for kept in run_one(stage, name, doc)]
     check_accounted(name, alive, out)
+    record_busy(out, name, time.perf_counter() - started)
     place_derived(out)
     for doc in out:
         if not doc["reject"]:
@@ -53,6 +71,12 @@ def record_bytes_in(docs: list[Document], name: str) -> list[Document]:
     for doc in docs:
         doc["bytes_in"][name] = len(doc["text"].encode("utf-8", "surrogatepass"))
     return docs
+
+
+def record_busy(docs: list[Document], name: str, seconds: float) -> None:
+    share = round(seconds * 1e6 / max(len(docs), 1))
+    for doc in docs:
+        doc["busy_us"][name] = doc["busy_us"].get(name, 0) + share
 
 
 def run_one(stage: Callable, name: str, doc: Document) -> list[Document]:
@@ -72,9 +96,10 @@ def check_accounted(name: str, alive: list[Document], out: list[Document]) -> No
 
 
 def reject_line(doc: Document) -> str:
-    """A rejects.jsonl line: who, why, the head of the text, then every other field but media and tokens."""
+    """A rejects.jsonl line: who, why, the head of the text, then every other field but media, tokens and
+    busy_us (timings: a rerun's rejects files are byte-identical)."""
     head = {k: doc[k] for k in ("id", "source", "source_id", "kind", "reject", "error")}
-    rest = {k: v for k, v in doc.items() if k not in head and k not in ("text", "media", "tokens")}
+    rest = {k: v for k, v in doc.items() if k not in head and k not in ("text", "media", "tokens", "busy_us")}
     return json.dumps({**head, "text": doc["text"][:2000], **rest}, ensure_ascii=False)
 
 

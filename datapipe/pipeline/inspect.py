@@ -5,6 +5,7 @@ import json
 from itertools import islice
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -91,3 +92,52 @@ def show_reject_examples(out_dir: Path, console: Console) -> None:
         if record.get("error"):  # late rejects (pack.*) carry no error: their reason says it all
             example += escape(f" error: {record['error'][:200]}")
         console.print(f"[yellow]{escape(reason)}[/yellow] e.g. {example}", highlight=False)
+
+
+STRIP_WIDTH = 100  # characters at most (fewer in a narrower terminal): a cell is seq_len / 100 tokens, 82 at 8K
+PIECE_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red")
+
+
+def show_sample(out_dir: Path, index: int, phase: str | None, console: Console) -> None:
+    """`inspect --sample N`: one packed sample drawn as a strip, then its pieces decoded."""
+    folders = sorted(p.parent for p in out_dir.glob(f"*/{MANIFEST}"))
+    if not folders:
+        raise FileNotFoundError(f"{out_dir}: no phase folder with a {MANIFEST}; run `datapipe run` first")
+    folder = next((f for f in folders if f.name == phase), None) if phase else folders[0]
+    if folder is None:
+        raise FileNotFoundError(f"{out_dir}: no phase {phase!r}; phases: {', '.join(f.name for f in folders)}")
+    sample = next(islice(stream(folder), index, None), None)
+    if sample is None:
+        raise FileNotFoundError(f"{folder}: no sample {index}; it holds {read_manifest(folder)['samples']} (from 0)")
+    console.print(draw_sample(sample, min(STRIP_WIDTH, console.width - 2)), highlight=False)
+    decode = load_decoder(out_dir)
+    start = 0
+    for i, (doc_id, length) in enumerate(zip(sample["doc_ids"], sample["doc_lens"].tolist())):
+        text = decode(sample["tokens"][start:start + length].tolist()) if decode else "(no tokenizer to decode)"
+        console.print(f"[{PIECE_STYLES[i % len(PIECE_STYLES)]}]{i}[/] {escape(doc_id)} tokens {start}-{start + length}: "
+                      f"{escape(repr(text[:160]))}", highlight=False)
+        start += length
+
+
+def draw_sample(sample: dict, width: int = STRIP_WIDTH) -> str:
+    """Rich markup: a row of cells, one per seq_len/STRIP_WIDTH tokens, lettered by document piece
+    (a new letter at each boundary), '#' where a media span is, '.' padding; under it the loss mask."""
+    seq_len = len(sample["tokens"])
+    owner = np.repeat(np.arange(len(sample["doc_lens"])), sample["doc_lens"])  # piece index per token
+    media = np.zeros(seq_len, bool)
+    for start, stop in sample["media_spans"]:
+        media[start:stop] = True
+    loss = sample["loss_mask"] if "loss_mask" in sample else np.ones(seq_len, np.uint8)
+    cells, mask = [], []
+    for cell in np.array_split(np.arange(seq_len), min(width, seq_len)):
+        first = int(cell[0])
+        if first >= len(owner):
+            cells.append("[dim].[/dim]")
+        else:
+            piece = int(owner[first])
+            char = "#" if media[cell].any() else chr(ord("A") + piece % 26)
+            cells.append(f"[{PIECE_STYLES[piece % len(PIECE_STYLES)]}]{char}[/]")
+        mask.append("▀" if loss[cell].mean() >= 0.5 else " ")
+    return (f"[bold]{sample['key']}[/bold] seq_len={seq_len:,} pieces={len(sample['doc_lens'])} pad={sample['num_pad']} "
+            f"media spans={len(sample['media_spans'])}\n(a cell = {seq_len / len(cells):.0f} tokens; letters: pieces, "
+            f"#: image tokens, .: padding)\n|{''.join(cells)}|\n|{''.join(mask)}| loss mask (▀: loss applies)")

@@ -95,7 +95,8 @@ class PageSource(FileSource):
 class GeneratorSource(Source):
     """Seeded generators: no files, and each decides its documents' kind."""
 
-    type: Literal["pydoc_topics", "python_programs", "svg_programs", "html_pages", "scene_programs", "cad_programs"]
+    type: Literal["pydoc_topics", "python_programs", "svg_programs", "html_pages", "scene_programs", "cad_programs",
+                  "web_archive"]
     count: int = Field(1000, ge=1)  # how many records to make
 
 
@@ -172,7 +173,7 @@ def validate_recipe(raw: dict[str, Any], path: Path | str = "<recipe>") -> Recip
     except ValidationError as err:
         recipe, problems = None, problems + error_lines(err, Recipe)
     stages, stage_problems = validate_stages(raw.get("stages") or [])
-    problems += stage_problems + cross_problems(recipe, raw)
+    problems += stage_problems + cross_problems(recipe, raw) + stage_source_problems(recipe, stages)
     if problems:
         raise RecipeError(f"{path}: invalid recipe", problems)
     stages = [resolve_paths(stage, recipe.base_dir) for stage in stages]
@@ -203,6 +204,20 @@ def cross_problems(recipe: Recipe | None, raw: dict[str, Any]) -> list[str]:
         return []  # their own errors are listed already
     sources = raw.get("sources") if isinstance(raw.get("sources"), list) else []
     return phase_problems(phases, [str(source.get("name")) for source in sources if isinstance(source, dict)])
+
+
+def stage_source_problems(recipe: Recipe | None, stages: list[StageConfig]) -> list[str]:
+    """A stage's `sources` must name recipe sources; a global stage (dedup) sees every document."""
+    known = [source.name for source in recipe.sources] if recipe is not None else None
+    problems = []
+    for i, stage in enumerate(stages):
+        unknown = [name for name in stage.sources if known is not None and name not in known]
+        if unknown:
+            problems.append(f"stages.{i} ({stage.stage}).sources: unknown source {', '.join(unknown)}; "
+                            f"the recipe's sources: {', '.join(known)}")
+        if stage.sources and hasattr(registry.stage_module(stage.stage), "transform_dataset"):
+            problems.append(f"stages.{i} ({stage.stage}).sources: a global stage sees every document; remove the key")
+    return problems
 
 
 def renamed_key_problems(raw: dict[str, Any]) -> list[str]:

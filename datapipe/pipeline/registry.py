@@ -27,6 +27,7 @@ GENERATORS: dict[str, str] = {
     "html_pages": "renderers.procedural_html:html_pages",  # seeded pages: layouts, tables, forms, type
     "scene_programs": "renderers.procedural_3d:scene_programs",  # seeded trimesh programs: primitives, booleans
     "cad_programs": "renderers.procedural_3d:cad_programs",  # seeded CadQuery/OpenSCAD parts: holes, fillets...
+    "web_archive": "datapipe.readers.web_archive:web_archive",  # a generated crawl: boilerplate, duplicates, languages
 }
 
 SOURCES: dict[str, str] = {**FILE_READERS, **GENERATORS}

@@ -39,7 +39,7 @@ from datapipe.packing.curriculum import phase_stats, phase_targets
 from datapipe.packing.groups import GroupJob, plan_groups, run_group
 from datapipe.packing.writer import write_manifest, write_run_manifest
 from datapipe.pipeline import reaper, registry
-from datapipe.pipeline.apply import apply_stage, cached_stage
+from datapipe.pipeline.apply import apply_stage, build_stage, cached_stage
 from datapipe.pipeline.check import check_read, check_recipe, list_inputs
 from datapipe.pipeline.inputs import plan_partitions, read_partition
 from datapipe.pipeline.partition_task import READ_BATCH, PartitionJob, fits_partition_tasks, most_at_once, run_partition
@@ -439,7 +439,7 @@ class StageActor:
     cfg: StageConfig
 
     def __init__(self):
-        self.stage = registry.stage_module(self.cfg.stage).make_stage(self.cfg)
+        self.stage = build_stage(self.cfg)
 
     def __call__(self, table):
         return apply_stage(self.stage, self.cfg.stage, table)

@@ -9,7 +9,8 @@ Per stage, documents in = kept + rejected, with their UTF-8 bytes as the stage s
 (Document.bytes_in, set by the runner); per reject reason (one per filter rule), the
 documents and bytes it dropped; the languages of written documents (Document.language,
 "unknown" where no langid stage ran); redactions by kind (Document.pii); and histograms
-of text length in characters, written and rejected.
+of text length in characters, written and rejected; and per stage the worker seconds spent in
+it (Document.busy_us, summed over workers: stage_busy_s, the report's time per stage).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from datapipe.schema import Document
 
 LENGTH_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)  # characters; x4 steps from a tweet to a book chapter
 COUNTERS = ("records_in", "unopened", "created", "written", "rejected", "stage_passed", "stage_rejected", "stage_bytes_in",
-            "stage_bytes_rejected", "rejected_bytes", "languages", "pii")  # RunStats' Counter attributes
+            "stage_bytes_rejected", "rejected_bytes", "languages", "pii", "busy_us")  # RunStats' Counter attributes
 UNKNOWN_LANGUAGE = "unknown"  # the languages entry of documents no langid stage labelled
 UNOPENED = ("read.missing_file", "read.unreadable_file")  # a reader could not open its input (or a file it names)
 
@@ -45,6 +46,7 @@ class RunStats:
         self.languages: Counter[str] = Counter()  # written records by Document.language
         self.lengths = {"written": Counter(), "rejected": Counter()}  # by length_bucket(len(text))
         self.pii: Counter[str] = Counter()  # redactions by kind (Document.pii, set by the pii stage)
+        self.busy_us: Counter[str] = Counter()  # by stage: worker microseconds spent in it (Document.busy_us)
         self.tokens = 0
         self.phases: dict[str, Any] = {}  # by curriculum phase: what it packed (curriculum.phase_stats)
         self.wall_s = 0.0
@@ -57,6 +59,7 @@ class RunStats:
         self.stage_passed.update(doc["transforms"])
         self.stage_bytes_in.update(doc["bytes_in"])
         self.pii.update(doc["pii"])
+        self.busy_us.update(doc["busy_us"])
         if doc["reject"]:
             stage = doc["reject"].split(".", 1)[0]
             size = doc["bytes_in"].get(stage) or len(doc["text"].encode("utf-8", "surrogatepass"))
@@ -121,6 +124,7 @@ class RunStats:
             "languages": dict((+self.languages).most_common()),  # + drops languages whose documents all left late
             "length_histogram": {k: ordered_buckets(v) for k, v in self.lengths.items()},
             "tokens": self.tokens,
+            "stage_busy_s": {stage: round(us / 1e6, 3) for stage, us in self.busy_us.items()},  # summed over workers
             "phases": self.phases,
             "balanced": self.balanced,
             "wall_s": round(self.wall_s, 2),
