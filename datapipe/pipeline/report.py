@@ -37,6 +37,15 @@ def make_progress(console: Console) -> Progress:
     )
 
 
+def partition_progress(console: Console) -> Progress:
+    """Partition tasks: partitions done of all with the time left, and records and tokens with their rates."""
+    return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[records]:,.0f} records ({task.fields[rps]:,.0f}/s)"),
+                    TextColumn("{task.fields[tokens]:,} tokens ({task.fields[tps]:,.0f}/s)"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+                    refresh_per_second=REFRESH_PER_S)
+
+
 def task_progress(console: Console) -> Progress:
     """A bar over a known number of tasks (pack groups, accounts): done of all, elapsed, remaining."""
     return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -44,10 +53,15 @@ def task_progress(console: Console) -> Progress:
                     refresh_per_second=REFRESH_PER_S)
 
 
-def update_progress(progress: Progress, task: Any, stats: RunStats) -> None:
+def update_progress(progress: Progress, task: Any, stats: RunStats, partitions: int | None = None) -> None:
+    """The bar's figures from the run's counters so far; `partitions` done, for a bar over partitions."""
     elapsed = max(time.monotonic() - stats.started, 1e-9)
     done = stats.written.total() + stats.rejected.total()
-    progress.update(task, completed=done, tokens=stats.tokens, rps=done / elapsed, tps=stats.tokens / elapsed)
+    figures = {"tokens": stats.tokens, "rps": done / elapsed, "tps": stats.tokens / elapsed}
+    if partitions is None:
+        progress.update(task, completed=done, **figures)
+    else:
+        progress.update(task, completed=partitions, records=done, **figures)
 
 
 def megabytes(n_bytes: int) -> str:

@@ -56,7 +56,7 @@ from datapipe.pipeline.partitions import (
     read_partition as read_committed,
 )
 from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError
-from datapipe.pipeline.report import make_progress, task_progress, update_progress
+from datapipe.pipeline.report import make_progress, partition_progress, task_progress, update_progress
 from datapipe.pipeline.resume import RunFolder, open_run
 from datapipe.pipeline.sizing import held_problems, placement_problems, pool_bounds
 from datapipe.pipeline.stats import RunStats
@@ -145,8 +145,8 @@ def run_partition_tasks(recipe: Recipe, plan: list[dict[str, Any]], todo: list[i
     # SPREAD: partitions dealt over the nodes, where Ray's default fills the driver's node first
     task = ray.remote(run_partition).options(num_cpus=1, max_retries=3, scheduling_strategy="SPREAD")
     pending, committed, shown = {}, [], RunStats(recipe.name)
-    with make_progress(console) as progress:
-        bar = progress.add_task(f"{recipe.name}: {len(todo)} partitions", total=None, tokens=0, rps=0.0, tps=0.0)
+    with partition_progress(console) as progress:
+        bar = progress.add_task(recipe.name, total=len(todo), records=0, tokens=0, rps=0.0, tps=0.0)
         while True:
             for job in islice(jobs, in_flight(recipe) - len(pending)):
                 pending[task.remote(job)] = job
@@ -156,7 +156,7 @@ def run_partition_tasks(recipe: Recipe, plan: list[dict[str, Any]], todo: list[i
             del pending[ready]
             committed.append(ray.get(ready))
             shown.add(committed[-1].stats)
-            update_progress(progress, bar, shown)
+            update_progress(progress, bar, shown, partitions=len(committed))
 
 
 def in_flight(recipe: Recipe) -> int:
