@@ -108,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise
         return report_disk_full(full, out)
     console.print(summary_table(stats, f"{recipe.name} -> {out}"))
-    if not args.no_report and Path(out).is_dir():  # a local run; `datapipe report` rebuilds one copied back
+    if not args.no_report and Path(out).is_dir() and not report_is_current(Path(out)):  # `datapipe report` for others
         write_run_report(Path(out))
     if not stats["balanced"]:
         console.print(f"[red]error:[/red] the accounting does not balance (records in + created != written + "
@@ -156,6 +156,12 @@ def stop_ray() -> None:
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+
+
+def report_is_current(out: Path) -> bool:
+    """The run's report is there and newer than its stats: a finished run run again stays untouched."""
+    report, stats = out / "report.html", out / "stats.json"
+    return report.exists() and stats.exists() and report.stat().st_mtime_ns >= stats.stat().st_mtime_ns
 
 
 def write_run_report(out: Path) -> None:

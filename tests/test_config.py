@@ -162,7 +162,7 @@ def test_each_source_type_takes_its_own_keys(tmp_path):
                          {"name": "crawl", "type": "warc", "paths": ["x.warc"], "text_field": "body"},
                          {"name": "notes", "type": "parquet"}]
     message = error_of(tmp_path, recipe)
-    assert "sources[0].count: a jsonl source has no `count` (count is for html_pages, pydoc_topics" in message
+    assert "sources[0].count: a jsonl source has no `count` (count is for cad_programs, html_pages, pydoc_topics" in message
     assert "allowed: name, type, limit, paths, text_field, id_field, kind" in message
     assert "sources[1].paths: a pydoc_topics source has no `paths` (paths is for files, hf_disk" in message
     assert "sources[2].text_field: a warc source has no `text_field`" in message

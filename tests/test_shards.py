@@ -154,15 +154,17 @@ def test_rewrite_clears_the_previous_output_before_the_first_shard(tmp_path):
     assert not list((tmp_path / "main").iterdir())  # no old manifest beside a half-new folder
 
 
-def test_a_crash_leaves_finished_shards_and_a_temporary_but_no_manifest(tmp_path):
+def test_a_failure_leaves_finished_shards_but_no_partial_shard_and_no_manifest(tmp_path):
+    """An error inside the writer (a full disk, a bug) removes the shard it was writing; the finished
+    ones stay, and without a manifest a reader knows the folder is unfinished."""
     samples = write_run(tmp_path / "whole", per_shard=5)
     with pytest.raises(RuntimeError), ShardWriter(tmp_path / "main", 5, {}) as writer:
         for sample in samples[:12]:
             writer.write(sample)
         raise RuntimeError("killed")
     folder = tmp_path / "main"
-    assert sorted(p.name for p in folder.iterdir()) == [".shard-000002.tar.tmp", "shard-000000.index.json",
-                                                        "shard-000000.tar", "shard-000001.index.json", "shard-000001.tar"]
+    assert sorted(p.name for p in folder.iterdir()) == ["shard-000000.index.json", "shard-000000.tar",
+                                                        "shard-000001.index.json", "shard-000001.tar"]
 
 
 def tar_of(path, members, form=tarfile.PAX_FORMAT):

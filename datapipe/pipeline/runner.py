@@ -64,6 +64,7 @@ from datapipe.schema import Document, docs_to_table
 from datapipe.stage import GlobalContext, StageConfig
 from datapipe.storage import Store
 
+WAIT_S = 0.5  # how long the driver waits in Ray at a time: a Ctrl-C is seen within that
 MIN_IN_FLIGHT = 64  # partition tasks queued at least: an autoscaler sees the demand and adds nodes
 
 
@@ -152,11 +153,22 @@ def run_partition_tasks(recipe: Recipe, plan: list[dict[str, Any]], todo: list[i
                 pending[task.remote(job)] = job
             if not pending:
                 return committed
-            [ready], _ = ray.wait(list(pending), num_returns=1)
+            ready = next_done(pending)
             del pending[ready]
             committed.append(ray.get(ready))
             shown.add(committed[-1].stats)
             update_progress(progress, bar, shown, partitions=len(committed))
+
+
+def next_done(pending: dict) -> Any:
+    """The first of these Ray tasks to finish. ray.wait is asked again every WAIT_S: blocked in it
+    without a timeout, the driver never saw a Ctrl-C (it stayed in Ray's C++ wait for good)."""
+    import ray
+
+    while True:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
+        if done:
+            return done[0]
 
 
 def in_flight(recipe: Recipe) -> int:
@@ -215,7 +227,7 @@ def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder, con
         task = progress.add_task(f"packing {len(recipe.phases)} phases", total=len(results),
                                  completed=len(results) - len(pending))
         while pending:
-            [ready], _ = ray.wait(list(pending), num_returns=1)
+            ready = next_done(pending)
             job = pending.pop(ready)
             results[job.phase.name, job.group] = ray.get(ready)
             progress.update(task, completed=sum(value is not None for value in results.values()))
