@@ -35,6 +35,7 @@ WORKER_LIMITS = Limits(memory_mb=None, nproc=64, nofile=1024, fsize=None)  # the
 CHILD_MIN_MB = 4096  # OCCT maps ~1.5 GB of address space before it meshes anything
 NPROC = 32  # processes (and threads) of a script's uid: OpenSCAD and OCCT use a few
 BUILD123D_NAMES = re.compile(r"\bBuild(?:Part|Sketch|Line)\b|\b(?:Box|Cylinder|Sphere|Rectangle|Circle)\(")
+STL_RECORD = [("normal", "<f4", 3), ("v", "<f4", (3, 3)), ("attribute", "<u2")]  # a binary STL's triangle, 50 bytes
 TOLERANCE = 1e-3  # tessellation deflection, as a fraction of the part's bounding-box diagonal
 
 
@@ -123,8 +124,24 @@ def openscad_job(header: dict[str, Any], code: str) -> tuple[dict[str, Any], byt
     if len(done.stdout) <= 84:  # an STL header and a zero triangle count
         raise RenderError("no_shape", "OpenSCAD made no 3D geometry (2-D only, or empty)")
     # Writing to a pipe, OpenSCAD cannot seek back to fill in the triangle count: it is computed here.
-    count = ((len(done.stdout) - 84) // 50).to_bytes(4, "little")
-    return {"format": "stl", "dialect": "openscad"}, done.stdout[:80] + count + done.stdout[84:]
+    count = (len(done.stdout) - 84) // 50
+    return {"format": "stl", "dialect": "openscad"}, canonical_stl(done.stdout[:80], done.stdout[84 : 84 + 50 * count])
+
+
+def canonical_stl(header: bytes, body: bytes) -> bytes:
+    """A binary STL whose triangles are sorted, each starting at its smallest vertex (winding kept).
+    OpenSCAD writes the same triangles in another order from run to run (three orders in five runs of
+    one file), and the order changes edge pixels: the render must depend on the shape alone."""
+    import numpy as np
+
+    records = np.frombuffer(body, dtype=STL_RECORD).copy()
+    corners, n = records["v"], len(records)
+    flat = corners.reshape(-1, 3)
+    by_triangle = np.lexsort((flat[:, 2], flat[:, 1], flat[:, 0], np.repeat(np.arange(n), 3)))
+    first = by_triangle[::3] % 3  # each triangle's smallest corner
+    records["v"] = corners[np.arange(n)[:, None], (first[:, None] + np.arange(3)) % 3]
+    records = records[np.lexsort(records["v"].reshape(n, 9).T[::-1])]
+    return header + n.to_bytes(4, "little") + records.tobytes()
 
 
 def python_job(header: dict[str, Any], code: str) -> tuple[dict[str, Any], bytes]:
@@ -231,7 +248,9 @@ def tessellate(shape):
     if box.IsVoid():
         return trimesh.Trimesh()
     diagonal = box.CornerMin().Distance(box.CornerMax()) or 1.0
-    BRepMesh_IncrementalMesh(shape, diagonal * TOLERANCE, False, 0.3, True)
+    # One thread (isInParallel False): meshing faces in parallel gave a different triangle order, and
+    # different edge pixels, when the machine was loaded; renders must not depend on timing.
+    BRepMesh_IncrementalMesh(shape, diagonal * TOLERANCE, False, 0.3, False)
     vertices, faces = [], []
     explorer = TopExp_Explorer(shape, TopAbs_FACE)
     while explorer.More():

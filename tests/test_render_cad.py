@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from renderers.base import RenderError, RenderOptions
-from renderers.cad import NPROC, CadRenderer
+from renderers.cad import NPROC, CadRenderer, canonical_stl
 from renderers.sandbox import processes_of
 from tests.conftest import rgb
 
@@ -130,3 +130,24 @@ def test_scripts_that_show_nothing_raise_or_recurse_are_rejected(renderer, tmp_p
     assert rejected(renderer, "import cadquery as cq\nraise ValueError('bad')\n", tmp_path).reason == "script_error"
     recursion = rejected(renderer, "module f(n) { f(n + 1); }\nf(0);\n", tmp_path, name="loop.scad")
     assert recursion.reason == "script_error" and "ecursion" in recursion.detail
+
+
+def test_the_same_triangles_in_any_order_give_the_same_stl():
+    """OpenSCAD writes a shape's triangles in a different order from run to run: canonical_stl makes
+    the bytes (and so the render) depend on the triangles alone, winding kept."""
+    import numpy as np
+    import trimesh
+
+    stl = trimesh.creation.icosphere(subdivisions=2).export(file_type="stl")
+    header, body = stl[:80], stl[84:]
+    records = np.frombuffer(body, dtype=[("normal", "<f4", 3), ("v", "<f4", (3, 3)), ("attribute", "<u2")]).copy()
+    rng = np.random.default_rng(0)
+    shuffled = records[rng.permutation(len(records))]
+    turns = rng.integers(0, 3, len(shuffled))
+    shuffled["v"] = shuffled["v"][np.arange(len(shuffled))[:, None], (turns[:, None] + np.arange(3)) % 3]
+    assert shuffled.tobytes() != records.tobytes()
+    assert canonical_stl(header, shuffled.tobytes()) == canonical_stl(header, body)
+    import io
+
+    mesh = trimesh.load(io.BytesIO(canonical_stl(header, shuffled.tobytes())), file_type="stl")
+    assert len(mesh.faces) == len(records) and mesh.is_winding_consistent and mesh.volume > 0
