@@ -145,11 +145,11 @@ def run_partition_tasks(recipe: Recipe, plan: list[dict[str, Any]], todo: list[i
                 for index in todo)
     # SPREAD: partitions dealt over the nodes, where Ray's default fills the driver's node first
     task = ray.remote(run_partition).options(num_cpus=1, max_retries=3, scheduling_strategy="SPREAD")
-    pending, committed, shown = {}, [], RunStats(recipe.name)
+    pending, committed, shown, limit = {}, [], RunStats(recipe.name), in_flight(recipe)
     with partition_progress(console) as progress:
         bar = progress.add_task(recipe.name, total=len(todo), records=0, tokens=0, rps=0.0, tps=0.0)
         while True:
-            for job in islice(jobs, in_flight(recipe) - len(pending)):
+            for job in islice(jobs, limit - len(pending)):
                 pending[task.remote(job)] = job
             if not pending:
                 return committed
@@ -173,7 +173,8 @@ def next_done(pending: dict) -> Any:
 
 def in_flight(recipe: Recipe) -> int:
     """Partition tasks submitted at once: the stages' `concurrency` cap, else twice the cluster's CPUs
-    (at least 64), read again as tasks finish, so that nodes an autoscaler adds get work too."""
+    at start, and at least 64 (queued work is what makes an autoscaler add nodes). Asked once: a Ctrl-C
+    stops Ray's GCS with the driver, and a driver asking the GCS then would wait for it for good."""
     import ray
 
     return most_at_once(recipe.stages) or max(MIN_IN_FLIGHT, 2 * int(ray.cluster_resources().get("CPU", 1)))
