@@ -74,12 +74,13 @@ def bwrap_command(argv: list[str]) -> list[str]:
                "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     for name in ("lib", "lib64", "bin", "sbin"):
         command += ["--symlink", f"usr/{name}", f"/{name}"]
+    command += ["--tmpfs", "/tmp"]  # before the binds: a checkout or venv under /tmp stays visible
     roots = python_roots()
     for folder in sorted({str(parent) for root in roots for parent in Path(root).parents if str(parent) != "/"}):
         command += ["--perms", "0755", "--dir", folder]  # bwrap makes the folders above a bind 0700 otherwise
     for root in roots:
         command += ["--ro-bind", root, root]
-    return command + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/", "--"] + argv
+    return command + ["--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--"] + argv
 
 
 class CodeSandbox(Sandbox):
@@ -196,7 +197,8 @@ def isolate(header: dict[str, Any]) -> None:
     call(libc().mount(b"none", b"/", None, MS_REC | (1 << 18), None), "make / private")  # MS_PRIVATE
     call(libc().mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, f"size={SCRATCH_MB}m,mode=1777".encode()),
          "tmpfs /tmp")
-    for folder in [header["asset_dir"], *header.get("libraries", [])]:
+    under_tmp = [root for root in header["python_roots"] if root.startswith("/tmp/")]  # a checkout or venv in /tmp
+    for folder in [header["asset_dir"], *header.get("libraries", []), *under_tmp]:
         if folder:
             bind_readonly(folder)
     call(libc().umount2(HOST.encode(), MNT_DETACH), "detach /host")
