@@ -114,7 +114,7 @@ class RayConfig(Strict):
     num_cpus: int | None = Field(None, ge=1)  # local only; None = every core
     object_store_mb: int = Field(1024, ge=128)  # local only; Ray's default (30% of RAM) crowds small machines
     # A Ray task per input partition running every stage, when every stage allows it (partition_task.py:
-    # 2-4x less CPU than an operator a stage); false: always a Ray Data operator a stage. Same shards.
+    # 100 MB of web text in 27.8 s where the operator plan took 50.4 s); false: always a Ray Data operator a stage. Same shards.
     partition_tasks: bool = True
 
 
