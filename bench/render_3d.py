@@ -35,9 +35,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FORMATS = {".obj", ".ply", ".stl", ".off", ".gltf", ".glb", ".3mf"}
 
 
-def sample(count: int, seed: int = 0) -> list[Path]:
-    rows = [json.loads(line) for line in (DATA / "files.jsonl").open()]
-    good = [DATA / r["file"] for r in rows if r.get("load", {}).get("ok") and r["load"].get("faces", 0) > 0
+def sample(count: int, seed: int = 0, data: Path = DATA) -> list[Path]:
+    rows = [json.loads(line) for line in (data / "files.jsonl").open()]
+    good = [data / r["file"] for r in rows if r.get("load", {}).get("ok") and r["load"].get("faces", 0) > 0
             and Path(r["file"]).suffix.lower() in FORMATS]
     return sorted(random.Random(seed).sample(good, min(count, len(good))))
 

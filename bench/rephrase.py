@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--unbatched-docs", type=int, default=None, help="time one-at-a-time on the first N only")
     parser.add_argument("--stage-docs", type=int, default=0, help="also run the whole stage on N documents")
     parser.add_argument("--save", type=Path, help="write the results as JSON here")
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="the packaged SmolLM2 or a transformers model folder (e.g. a larger model on a GPU)")
     parser.add_argument("--data", type=Path, default=SHARED, help="web_docs.jsonl.gz (default: ../shared/data)")
     args = parser.parse_args()
 
@@ -108,7 +110,7 @@ def main() -> None:
     from datapipe.llm.local import LocalBackend
 
     texts, origin = load_texts(max(args.docs, args.stage_docs), args.data)
-    backend = LocalBackend(BackendConfig(device=args.device, max_batch=args.batch, threads=args.threads))
+    backend = LocalBackend(BackendConfig(model=args.model, device=args.device, max_batch=args.batch, threads=args.threads))
     requests = make_requests(backend, texts[: args.docs], args.max_new_tokens)
     single = requests[: args.unbatched_docs or len(requests)]
     backend.generate(requests[:1])  # warm-up: first-call allocations, kernel selection on GPU
@@ -116,7 +118,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for mode in ((True, False) if repeat % 2 == 0 else (False, True)):
             (batched if mode else unbatched).append(tokens_per_s(backend, requests if mode else single, mode))
-    result = {"device": backend.device, "threads": args.threads if backend.device == "cpu" else None, "data": origin, "docs": len(requests), "unbatched_docs": len(single),
+    result = {"model": backend.model, "device": backend.device, "threads": args.threads if backend.device == "cpu" else None, "data": origin, "docs": len(requests), "unbatched_docs": len(single),
               "max_new_tokens": args.max_new_tokens, "batch": args.batch, "repeats": args.repeats,
               "batched_tok_s": round(statistics.median(batched), 1),
               "unbatched_tok_s": round(statistics.median(unbatched), 1)}
