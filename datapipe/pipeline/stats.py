@@ -9,8 +9,11 @@ Per stage, documents in = kept + rejected, with their UTF-8 bytes as the stage s
 (Document.bytes_in, set by the runner); per reject reason (one per filter rule), the
 documents and bytes it dropped; the languages of written documents (Document.language,
 "unknown" where no langid stage ran); redactions by kind (Document.pii); and histograms
-of text length in characters, written and rejected; and per stage the worker seconds spent in
-it (Document.busy_us, summed over workers: stage_busy_s, the report's time per stage).
+of text length in characters, written and rejected; per stage the worker seconds spent in
+it (Document.busy_us, summed over workers: stage_busy_s, the report's time per stage); and per
+stage its first batch's start, its last batch's end, and the records and tokens through it
+(Document.stage_ms: stage_times, four numbers a stage whatever the corpus; stage_wall_s, and the
+runner's throughput over time, datapipe.pipeline.timeline).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from datapipe.pipeline.timeline import add_times
 from datapipe.schema import Document
 
 LENGTH_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)  # characters; x4 steps from a tweet to a book chapter
@@ -47,6 +51,7 @@ class RunStats:
         self.lengths = {"written": Counter(), "rejected": Counter()}  # by length_bucket(len(text))
         self.pii: Counter[str] = Counter()  # redactions by kind (Document.pii, set by the pii stage)
         self.busy_us: Counter[str] = Counter()  # by stage: worker microseconds spent in it (Document.busy_us)
+        self.stage_times: dict[str, list[int]] = {}  # by stage: [first start ms, last end ms, records, tokens]
         self.tokens = 0
         self.phases: dict[str, Any] = {}  # by curriculum phase: what it packed (curriculum.phase_stats)
         self.wall_s = 0.0
@@ -60,6 +65,7 @@ class RunStats:
         self.stage_bytes_in.update(doc["bytes_in"])
         self.pii.update(doc["pii"])
         self.busy_us.update(doc["busy_us"])
+        self.count_times(doc)
         if doc["reject"]:
             stage = doc["reject"].split(".", 1)[0]
             size = doc["bytes_in"].get(stage) or len(doc["text"].encode("utf-8", "surrogatepass"))
@@ -70,11 +76,20 @@ class RunStats:
             self.languages[doc["language"] or UNKNOWN_LANGUAGE] += 1
             self.lengths["written"][length_bucket(len(doc["text"]))] += 1
 
+    def count_times(self, doc: Document) -> None:
+        """The document in the time span of each stage it went through; its tokens count for the stages
+        from the one that made them (tokenize) on."""
+        transforms = doc["transforms"]
+        tokenized = set(transforms[transforms.index("tokenize"):]) if "tokenize" in transforms else set()
+        for stage, (start, end) in doc["stage_ms"].items():
+            add_times(self.stage_times, stage, [start, end, 1, len(doc["tokens"]) if stage in tokenized else 0])
+
     def counters(self) -> dict[str, Any]:
         """Every figure count() and reject_late() change, as plain dicts: what a worker sends back for
-        the records it handled, and add() merges on the driver (sums; a run's figures are additive)."""
+        the records it handled, and add() merges on the driver (sums, and the stage times' spans widen)."""
         return {**{name: dict(getattr(self, name)) for name in COUNTERS},
-                "lengths": {side: dict(counts) for side, counts in self.lengths.items()}, "tokens": self.tokens}
+                "lengths": {side: dict(counts) for side, counts in self.lengths.items()}, "tokens": self.tokens,
+                "stage_times": {stage: list(times) for stage, times in self.stage_times.items()}}
 
     def add(self, counters: dict[str, Any]) -> None:
         for name in COUNTERS:
@@ -82,6 +97,8 @@ class RunStats:
         for side, counts in counters.get("lengths", {}).items():
             self.lengths[side].update(counts)
         self.tokens += counters.get("tokens", 0)
+        for stage, times in counters.get("stage_times", {}).items():
+            add_times(self.stage_times, stage, times)
 
     def reject_late(self, record: dict[str, Any], reason: str, num_tokens: int) -> None:
         """A document counted as written that packing could not use after all (too long, over budget):
@@ -125,10 +142,17 @@ class RunStats:
             "length_histogram": {k: ordered_buckets(v) for k, v in self.lengths.items()},
             "tokens": self.tokens,
             "stage_busy_s": {stage: round(us / 1e6, 3) for stage, us in self.busy_us.items()},  # summed over workers
+            "stage_wall_s": self.stage_wall_s(),
             "phases": self.phases,
             "balanced": self.balanced,
             "wall_s": round(self.wall_s, 2),
         }
+
+    def stage_wall_s(self) -> dict[str, float]:
+        """Per stage, in pipeline order, seconds from its first batch's start to its last batch's end."""
+        order = self.stage_names()
+        names = sorted(self.stage_times, key=lambda name: order.index(name) if name in order else len(order))
+        return {name: round((self.stage_times[name][1] - self.stage_times[name][0]) / 1000, 3) for name in names}
 
     def stage_names(self) -> list[str]:
         """Stages in pipeline order: reading first, then as records list them."""

@@ -158,7 +158,8 @@ def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list
 
 def derived_record(doc: Document, index: int) -> Document:
     """A new record from `doc`; it starts its own stage history (the stages before were counted on doc)."""
-    record = copy.deepcopy({**doc, "tokens": [], "media": [], "transforms": [], "bytes_in": {}, "busy_us": {}})
+    record = copy.deepcopy({**doc, "tokens": [], "media": [], "transforms": [], "bytes_in": {}, "busy_us": {},
+                                "stage_ms": {}})
     record["id"] = f"{doc['id']}#rephrase{index}"
     record["derived_from"] = doc["id"]
     return record
