@@ -240,8 +240,9 @@ def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder,
     phases = {phase.name: write_phase(recipe, phase, [results[key] for key in sorted(results) if key[0] == phase.name],
                                       targets[phase.name], run, time.monotonic() - started)
               for phase in recipe.phases}
-    return phases, [(f"pack {name}", [*group["span_ms"], group["stats"]["copies"], group["stats"]["tokens"]])
-                    for (name, _), group in sorted(results.items()) if "span_ms" in group]
+    return phases, [(f"pack {phase.name}", [*group["span_ms"], group["stats"]["copies"], group["stats"]["tokens"]])
+                    for phase in recipe.phases for (name, _), group in sorted(results.items())
+                    if name == phase.name and "span_ms" in group]
 
 
 def group_job(recipe: Recipe, phase, group: int, members: list[Partition], targets) -> GroupJob:

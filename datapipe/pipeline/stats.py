@@ -13,7 +13,9 @@ of text length in characters, written and rejected; per stage the worker seconds
 it (Document.busy_us, summed over workers: stage_busy_s, the report's time per stage); and per
 stage its first batch's start, its last batch's end, and the records and tokens through it
 (Document.stage_ms: stage_times, four numbers a stage whatever the corpus; stage_wall_s, and the
-runner's throughput over time, datapipe.pipeline.timeline).
+runner's throughput over time, datapipe.pipeline.timeline); and a sample of the rewrites that
+passed the rephrase stage's fidelity gate with their scores (rewrites: the run report's, since
+the shards keep tokens, not notes).
 """
 from __future__ import annotations
 
@@ -28,9 +30,12 @@ from datapipe.schema import Document
 
 LENGTH_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)  # characters; x4 steps from a tweet to a book chapter
 COUNTERS = ("records_in", "unopened", "created", "written", "rejected", "stage_passed", "stage_rejected", "stage_bytes_in",
-            "stage_bytes_rejected", "rejected_bytes", "languages", "pii", "busy_us")  # RunStats' Counter attributes
+            "stage_bytes_rejected", "rejected_bytes", "languages", "pii", "busy_us",
+            "rewrite_styles")  # RunStats' Counter attributes
 UNKNOWN_LANGUAGE = "unknown"  # the languages entry of documents no langid stage labelled
 UNOPENED = ("read.missing_file", "read.unreadable_file")  # a reader could not open its input (or a file it names)
+REWRITES_KEPT = 12  # passed rewrites kept with their fidelity scores (the first by id): the report's sample, ~12 KB
+TEXT_HEAD = 600  # characters of a kept rewrite's text
 
 
 class RunStats:
@@ -52,6 +57,8 @@ class RunStats:
         self.pii: Counter[str] = Counter()  # redactions by kind (Document.pii, set by the pii stage)
         self.busy_us: Counter[str] = Counter()  # by stage: worker microseconds spent in it (Document.busy_us)
         self.stage_times: dict[str, list[int]] = {}  # by stage: [first start ms, last end ms, records, tokens]
+        self.rewrites: list[dict[str, Any]] = []  # passed rewrites and their scores, REWRITES_KEPT at most
+        self.rewrite_styles: Counter[str] = Counter()  # passed rewrites by style (all of them)
         self.tokens = 0
         self.phases: dict[str, Any] = {}  # by curriculum phase: what it packed (curriculum.phase_stats)
         self.wall_s = 0.0
@@ -75,6 +82,7 @@ class RunStats:
             self.tokens += len(doc["tokens"])
             self.languages[doc["language"] or UNKNOWN_LANGUAGE] += 1
             self.lengths["written"][length_bucket(len(doc["text"]))] += 1
+            self.keep_rewrite(doc)
 
     def count_times(self, doc: Document) -> None:
         """The document in the time span of each stage it went through; its tokens count for the stages
@@ -84,12 +92,27 @@ class RunStats:
         for stage, (start, end) in doc["stage_ms"].items():
             add_times(self.stage_times, stage, [start, end, 1, len(doc["tokens"]) if stage in tokenized else 0])
 
+    def keep_rewrite(self, doc: Document) -> None:
+        """A rewrite that passed the fidelity gate (notes["rephrase"] with scores), into the sample."""
+        note = doc["notes"].get("rephrase", {})
+        if note.get("fidelity"):
+            self.rewrite_styles[note["style"]] += 1
+            self.add_rewrites([{"id": doc["id"], "source_id": note["source_id"], "style": note["style"],
+                                "chunks": note["chunks"], "scores": mean_scores(note["fidelity"]),
+                                "source_head": note.get("source_head", ""), "text_head": doc["text"][:TEXT_HEAD]}])
+
+    def add_rewrites(self, rewrites: list[dict[str, Any]]) -> None:
+        """The first REWRITES_KEPT by id of those kept and `rewrites`: the same sample in any merge order."""
+        merged = {rewrite["id"]: rewrite for rewrite in [*self.rewrites, *rewrites]}
+        self.rewrites = [merged[key] for key in sorted(merged)[:REWRITES_KEPT]]
+
     def counters(self) -> dict[str, Any]:
         """Every figure count() and reject_late() change, as plain dicts: what a worker sends back for
         the records it handled, and add() merges on the driver (sums, and the stage times' spans widen)."""
         return {**{name: dict(getattr(self, name)) for name in COUNTERS},
                 "lengths": {side: dict(counts) for side, counts in self.lengths.items()}, "tokens": self.tokens,
-                "stage_times": {stage: list(times) for stage, times in self.stage_times.items()}}
+                "stage_times": {stage: list(times) for stage, times in self.stage_times.items()},
+                "rewrites": list(self.rewrites)}
 
     def add(self, counters: dict[str, Any]) -> None:
         for name in COUNTERS:
@@ -99,6 +122,7 @@ class RunStats:
         self.tokens += counters.get("tokens", 0)
         for stage, times in counters.get("stage_times", {}).items():
             add_times(self.stage_times, stage, times)
+        self.add_rewrites(counters.get("rewrites", []))
 
     def reject_late(self, record: dict[str, Any], reason: str, num_tokens: int) -> None:
         """A document counted as written that packing could not use after all (too long, over budget):
@@ -143,6 +167,8 @@ class RunStats:
             "tokens": self.tokens,
             "stage_busy_s": {stage: round(us / 1e6, 3) for stage, us in self.busy_us.items()},  # summed over workers
             "stage_wall_s": self.stage_wall_s(),
+            "rewrite_styles": dict(self.rewrite_styles.most_common()),  # rewrites that passed the gate, by style
+            "rewrites": self.rewrites,  # passed rewrites, the first REWRITES_KEPT by id, with their fidelity scores
             "phases": self.phases,
             "balanced": self.balanced,
             "wall_s": round(self.wall_s, 2),
@@ -150,7 +176,7 @@ class RunStats:
 
     def stage_wall_s(self) -> dict[str, float]:
         """Per stage, in pipeline order, seconds from its first batch's start to its last batch's end."""
-        order = self.stage_names()
+        order = ["read", *self.stage_names()]  # read is in stage_names only when it rejected a record
         names = sorted(self.stage_times, key=lambda name: order.index(name) if name in order else len(order))
         return {name: round((self.stage_times[name][1] - self.stage_times[name][0]) / 1000, 3) for name in names}
 
@@ -190,6 +216,12 @@ class RunStats:
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2))
+
+
+def mean_scores(chunks: list[dict[str, float]]) -> dict[str, float]:
+    """Each fidelity check's score, averaged over a rewrite's chunks (every chunk passed the gate)."""
+    checks = dict.fromkeys(check for scores in chunks for check in scores)
+    return {check: round(sum(s.get(check, 0) for s in chunks) / len(chunks), 4) for check in checks}
 
 
 def length_bucket(n_chars: int) -> str:

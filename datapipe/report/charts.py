@@ -40,7 +40,7 @@ def histogram(title: str, counts: list[tuple[str, int]], x_label: str, y_label: 
     n = max(len(counts), 1)
     step = (WIDTH - 80) / n
     parts = [svg_open(title, 260), text(WIDTH / 2, 18, title, "middle", bold=True),
-             '<line x1="60" x2="630" y1="210" y2="210" stroke="#333"/><line x1="60" x2="60" y1="30" y2="210" stroke="#333"/>',
+             axes(60, 210, 570, 180),
              text(16, 120, y_label, "middle", rotate=True), text(WIDTH / 2, 252, x_label, "middle"),
              text(56, 34, f"{top:,}", "end"), text(56, 210, "0", "end")]
     for i, (label, count) in enumerate(counts):
@@ -50,6 +50,37 @@ def histogram(title: str, counts: list[tuple[str, int]], x_label: str, y_label: 
                      f"<title>{escape(label)}: {count:,}</title></rect>")
         parts.append(text(x + step * 0.4, 226, label, "middle", size=10))
     return "".join(parts) + "</svg>"
+
+
+def line_chart(title: str, series: dict[str, list[float]], step_s: float, y_label: str) -> str:
+    """One line a series over time bins of `step_s` seconds (a point at each bin's middle), with the
+    time axis in seconds from the run's start, the value axis from 0, and a legend of the series."""
+    bins = max((len(values) for values in series.values()), default=0)
+    top = max([value for values in series.values() for value in values] + [1e-9])
+    plot_w, plot_h, x0, y0 = WIDTH - 100, 180, 70, 210  # px: the plot area and its bottom-left corner
+    rows = (len(series) + 3) // 4  # legend: four series a row
+    height = 270 + 18 * rows
+    parts = [svg_open(title, height), text(WIDTH / 2, 18, title, "middle", bold=True), axes(x0, y0, plot_w, plot_h),
+             text(16, y0 - plot_h / 2, y_label, "middle", rotate=True),
+             text(x0 + plot_w / 2, y0 + 32, "seconds since the run started", "middle")]
+    for tick in range(5):  # 0, 1/4, ... of the value and time ranges
+        y, x = y0 - plot_h * tick / 4, x0 + plot_w * tick / 4
+        parts += [text(x0 - 4, y + 4, f"{top * tick / 4:,.3g}", "end", size=10),
+                  text(x, y0 + 14, f"{bins * step_s * tick / 4:,.3g}", "middle", size=10)]
+    for i, (name, values) in enumerate(series.items()):
+        # 8 colours, then the same dashed: a dozen stages stay told apart
+        stroke = f'stroke="{COLORS[i % len(COLORS)]}" stroke-width="2"' + (' stroke-dasharray="5 3"' if i >= len(COLORS) else "")
+        points = " ".join(f"{x0 + plot_w * (j + 0.5) / bins:.1f},{y0 - plot_h * v / top:.1f}" for j, v in enumerate(values))
+        parts.append(f'<polyline points="{points}" fill="none" {stroke}>'
+                     f"<title>{escape(name)}: peak {max(values, default=0):,.3g} {escape(y_label)}</title></polyline>")
+        lx, ly = 20 + (i % 4) * 155, 262 + 18 * (i // 4)
+        parts += [f'<line x1="{lx}" x2="{lx + 14}" y1="{ly - 4}" y2="{ly - 4}" {stroke}/>', text(lx + 18, ly, name[:22])]
+    return "".join(parts) + "</svg>"
+
+
+def axes(x0: float, y0: float, width: float, height: float) -> str:
+    return (f'<line x1="{x0}" x2="{x0 + width}" y1="{y0}" y2="{y0}" stroke="#333"/>'
+            f'<line x1="{x0}" x2="{x0}" y1="{y0 - height}" y2="{y0}" stroke="#333"/>')
 
 
 def sample_strip(title: str, pieces: list[tuple[int, int, str]], num_pad: int, spans: list[list[int]],

@@ -15,7 +15,9 @@ passing rewrites are new records whose derived_from names the original. When no 
 (or the document is over max_chunks), the original is written unchanged (on_failure:
 keep_original) unless the recipe says on_failure: reject. Every failed rewrite is a created
 record rejected under its reason, its text the rewrite as far as it got, with every attempt's
-scores and answer in notes["rephrase"], so rejects.jsonl shows what the gate refused.
+scores and answer in notes["rephrase"], so rejects.jsonl shows what the gate refused; a passing
+rewrite keeps its chunks' scores there too (and, where it replaced its original, the source's head),
+from which stats.json keeps a sample for the run report (RunStats.rewrites).
 With keep_originals=true the original passes unchanged and all K rewrites are created.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ from datapipe.llm.styles import StyleConfig, eligible_styles, load_styles, style
 from datapipe.schema import Document
 from datapipe.stage import StageConfig
 
+SOURCE_HEAD = 600  # characters of the source kept in the notes of the rewrite that replaces it (the run report)
 CONTEXT_TEMPLATE = ("Here is the previous part of your rewrite, for continuity. Do not repeat it:\n{context}\n\n"
                     "Now rewrite the next part in the same way.\n{text}")
 
@@ -147,6 +150,7 @@ def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list
         apply_slot(created[-1], slot, i, doc["id"], provenance)
     if passed and not cfg.keep_originals:
         apply_slot(doc, passed[0], 0, doc["id"], provenance)
+        doc["notes"]["rephrase"]["source_head"] = "".join(passed[0].chunks)[:SOURCE_HEAD]  # its own text is gone
     elif cfg.keep_originals or cfg.on_failure == "keep_original":
         doc["notes"]["rephrase"] = {"role": "original", "rewrites": [r["id"] for r in created],
                                     **({"no_rewrite_passed": [s.reason for s in failed]} if not passed else {})}
