@@ -78,6 +78,29 @@ def line_chart(title: str, series: dict[str, list[float]], step_s: float, y_labe
     return "".join(parts) + "</svg>"
 
 
+def stage_lines(title: str, series: dict[str, list[float]], step_s: float, unit: str) -> str:
+    """Small multiples: a row a series over the same time bins, each scaled to its own peak (printed at
+    its end), so a stage doing 3 records/s reads as well as one doing 3,000 beside it."""
+    bins = max((len(values) for values in series.values()), default=0) or 1
+    x0, plot_w, row_h, top = 170, WIDTH - 290, 30, 30  # px: labels' room, plot width, a row's height, title
+    bottom = top + row_h * len(series)
+    parts = [svg_open(title, bottom + 44), text(WIDTH / 2, 18, title, "middle", bold=True),
+             axes(x0, bottom, plot_w, bottom - top), text(x0 + plot_w / 2, bottom + 36, "seconds since the run started",
+                                                           "middle")]
+    for tick in range(5):
+        parts.append(text(x0 + plot_w * tick / 4, bottom + 14, f"{bins * step_s * tick / 4:,.3g}", "middle", size=10))
+    for i, (name, values) in enumerate(series.items()):
+        base, peak = top + row_h * (i + 1), max(values, default=0) or 1e-9
+        points = " ".join(f"{x0 + plot_w * (j + 0.5) / bins:.1f},{base - (row_h - 6) * v / peak:.1f}"
+                          for j, v in enumerate(values))
+        parts += [f'<line x1="{x0}" x2="{x0 + plot_w}" y1="{base}" y2="{base}" stroke="#ddd"/>',
+                  f'<polyline points="{points}" fill="none" stroke="{COLORS[i % len(COLORS)]}" stroke-width="1.8">'
+                  f"<title>{escape(name)}: peak {max(values, default=0):,.3g} {escape(unit)}</title></polyline>",
+                  text(x0 - 6, base - 8, name[:26], "end"),
+                  text(x0 + plot_w + 6, base - 8, f"peak {max(values, default=0):,.3g} {unit}", size=10)]
+    return "".join(parts) + "</svg>"
+
+
 def axes(x0: float, y0: float, width: float, height: float) -> str:
     return (f'<line x1="{x0}" x2="{x0 + width}" y1="{y0}" y2="{y0}" stroke="#333"/>'
             f'<line x1="{x0}" x2="{x0}" y1="{y0 - height}" y2="{y0}" stroke="#333"/>')

@@ -293,7 +293,8 @@ def time_lines(stats: dict[str, Any]) -> str:
     if not timeline:
         return "<p class='note'>This run's stats.json has no throughput over time (a run of an older version).</p>"
     step = timeline["bin_s"]
-    return (charts.line_chart("Records per second over time, per stage", timeline["records_per_s"], step, "records/s")
+    return (charts.stage_lines("Records per second over time, per stage (each row scaled to its peak)",
+                               timeline["records_per_s"], step, "records/s")
             + charts.line_chart("Tokens per second over time, per stage (stages from tokenize on)",
                                 timeline["tokens_per_s"], step, "tokens/s")
             + f"<p class='note'>Each stage's records and tokens spread evenly over the time its batches took in "
