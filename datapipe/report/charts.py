@@ -34,6 +34,26 @@ def bar_chart(title: str, rows: list[tuple[str, float]], unit: str, marks: dict[
     return "".join(parts) + "</svg>"
 
 
+def funnel(title: str, rows: list[tuple[str, int, int]]) -> str:
+    """One bar a stage, in pipeline order: what it kept (blue) and what it rejected (red) side by side,
+    so the bar's length is what came in and the narrowing from row to row is the funnel."""
+    top = max([kept + rejected for _, kept, rejected in rows] + [1])
+    scale = (WIDTH - LEFT - 150) / top
+    height = 40 + BAR_H * 1.4 * len(rows) + 30
+    parts = [svg_open(title, height), text(WIDTH / 2, 18, title, "middle", bold=True)]
+    for i, (label, kept, rejected) in enumerate(rows):
+        y = 32 + i * BAR_H * 1.4
+        parts += [text(LEFT - 6, y + 13, label[:34], "end"),
+                  f'<rect x="{LEFT}" y="{y}" width="{kept * scale:.1f}" height="{BAR_H}" fill="{COLORS[0]}">'
+                  f"<title>{escape(label)}: kept {kept:,}</title></rect>",
+                  f'<rect x="{LEFT + kept * scale:.1f}" y="{y}" width="{rejected * scale:.1f}" height="{BAR_H}" '
+                  f'fill="{COLORS[3]}"><title>{escape(label)}: rejected {rejected:,}</title></rect>',
+                  text(LEFT + (kept + rejected) * scale + 4, y + 13, f"{kept + rejected:,} in: {kept:,} kept, "
+                       f"{rejected:,} rejected", size=11)]
+    parts.append(text(LEFT + (WIDTH - LEFT) / 2, height - 6, "records (blue: kept, red: rejected)", "middle"))
+    return "".join(parts) + "</svg>"
+
+
 def histogram(title: str, counts: list[tuple[str, int]], x_label: str, y_label: str = "documents") -> str:
     """Vertical bars over ordered buckets (their labels under them), with both axes named."""
     top = max([count for _, count in counts] + [1])

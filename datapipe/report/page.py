@@ -76,8 +76,12 @@ def section(name: str, title: str, content: str) -> str:
 
 def flow(run: RunFiles) -> str:
     stages = run.stats.get("stages", {})
-    kept = charts.bar_chart("Records kept per stage, in pipeline order", [(s, c["kept"]) for s, c in stages.items()],
-                            "records")
+    read = stages.get("read") or {"kept": sum(run.stats.get("records_in", {}).values()), "rejected": 0}
+    kept = charts.funnel("Records in, kept and rejected per stage, in pipeline order",
+                         [("read", read["kept"], read["rejected"])]
+                         + [(s, c["kept"], c["rejected"]) for s, c in stages.items() if s != "read"])
+    kept += (f"<p class='note'>Stages created {sum(run.stats.get('created', {}).values()):,} records (rewrites, "
+             "samples) beside those read; a stage that works on some sources passes the others by, counted as kept.</p>")
     dropped = charts.bar_chart("Records rejected per reason", list(run.stats.get("rejected", {}).items()), "records")
     examples = {}
     for record in run.rejects:
