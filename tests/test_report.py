@@ -49,6 +49,9 @@ def test_demo_goes_through_every_part_of_the_pipeline(demo_run):
     assert {"loop", "copied", "numbers_dropped", "length_ratio"} <= rewrite["scores"].keys()
     assert stats["rewrite_styles"] == {rewrite["style"]: 1}
     assert [name for name in stats["phases"]] == ["short", "long"]
+    lengths = stats["length_histogram"]  # bytes as the first stage saw each record read, and as the last saw it
+    assert sum(lengths["before"].values()) == sum(stats["records_in"].values())  # no reader rejects here
+    assert 0 < sum(lengths["after"].values()) <= stats["stages"]["tokenize"]["kept"]
 
 
 def test_the_loader_reads_every_phase_back_with_images(demo_run):
@@ -77,6 +80,8 @@ def test_report_has_every_section_and_chart_and_asks_the_network_nothing(demo_ru
             assert all(charts[name] > 0 for name in ("flow", "text", "tokens", "sample", "time")), charts
             assert page.locator("section#renders .pair img").count() > 0
             assert page.locator("section#rephrase pre.scores").count() >= 1  # the passed rewrite's scores
+            assert page.locator("section#text svg[aria-label^='Text length before and after']").count() == 1
+            assert page.locator("section#flow svg[aria-label^='Records in, kept and rejected']").count() == 1
             titles = page.locator("section#time svg.chart").evaluate_all("svgs => svgs.map(s => s.ariaLabel)")
             assert [t.split(",")[0] for t in titles[:3]] == ["Records per second over time", "Tokens per second over "
                                                              "time", "Wall time per stage: its first batch's start to "

@@ -8,8 +8,8 @@ records_in + created == written + rejected; `balanced` in stats.json says it hel
 Per stage, documents in = kept + rejected, with their UTF-8 bytes as the stage saw them
 (Document.bytes_in, set by the runner); per reject reason (one per filter rule), the
 documents and bytes it dropped; the languages of written documents (Document.language,
-"unknown" where no langid stage ran); redactions by kind (Document.pii); and histograms
-of text length in characters, written and rejected; per stage the worker seconds spent in
+"unknown" where no langid stage ran); redactions by kind (Document.pii); histograms of text
+length in characters, written and rejected, and in UTF-8 bytes before and after the stages; per stage the worker seconds spent in
 it (Document.busy_us, summed over workers: stage_busy_s, the report's time per stage); and per
 stage its first batch's start, its last batch's end, and the records and tokens through it
 (Document.stage_ms: stage_times, four numbers a stage whatever the corpus; stage_wall_s, and the
@@ -53,7 +53,9 @@ class RunStats:
         self.stage_bytes_rejected: Counter[str] = Counter()  # by stage: bytes of the records it rejected
         self.rejected_bytes: Counter[str] = Counter()  # by reason
         self.languages: Counter[str] = Counter()  # written records by Document.language
-        self.lengths = {"written": Counter(), "rejected": Counter()}  # by length_bucket(len(text))
+        self.lengths = {"written": Counter(), "rejected": Counter(),  # by length_bucket(len(text)), characters
+                        "before": Counter(), "after": Counter()}  # UTF-8 bytes as the first stage saw a record read,
+        # and as the last one saw a record that passed them all (before packing's choice): what cleaning did
         self.pii: Counter[str] = Counter()  # redactions by kind (Document.pii, set by the pii stage)
         self.busy_us: Counter[str] = Counter()  # by stage: worker microseconds spent in it (Document.busy_us)
         self.stage_times: dict[str, list[int]] = {}  # by stage: [first start ms, last end ms, records, tokens]
@@ -73,6 +75,7 @@ class RunStats:
         self.pii.update(doc["pii"])
         self.busy_us.update(doc["busy_us"])
         self.count_times(doc)
+        self.count_cleaning(doc)
         if doc["reject"]:
             stage = doc["reject"].split(".", 1)[0]
             size = doc["bytes_in"].get(stage) or len(doc["text"].encode("utf-8", "surrogatepass"))
@@ -83,6 +86,13 @@ class RunStats:
             self.languages[doc["language"] or UNKNOWN_LANGUAGE] += 1
             self.lengths["written"][length_bucket(len(doc["text"]))] += 1
             self.keep_rewrite(doc)
+
+    def count_cleaning(self, doc: Document) -> None:
+        sizes = list(doc["bytes_in"].values())  # in stage order
+        if sizes and not doc["derived_from"]:
+            self.lengths["before"][length_bucket(sizes[0])] += 1
+        if sizes and not doc["reject"]:
+            self.lengths["after"][length_bucket(sizes[-1])] += 1
 
     def count_times(self, doc: Document) -> None:
         """The document in the time span of each stage it went through; its tokens count for the stages
@@ -234,6 +244,10 @@ def length_bucket(n_chars: int) -> str:
     return f">={lower}"
 
 
+def length_labels() -> list[str]:
+    """Every histogram label, shortest first."""
+    return [length_bucket(0)] + [length_bucket(edge) for edge in LENGTH_BUCKETS]
+
+
 def ordered_buckets(counts: Counter) -> dict[str, int]:
-    labels = [length_bucket(0)] + [length_bucket(edge) for edge in LENGTH_BUCKETS]
-    return {label: counts[label] for label in labels if counts[label]}
+    return {label: counts[label] for label in length_labels() if counts[label]}

@@ -56,20 +56,7 @@ def funnel(title: str, rows: list[tuple[str, int, int]]) -> str:
 
 def histogram(title: str, counts: list[tuple[str, int]], x_label: str, y_label: str = "documents") -> str:
     """Vertical bars over ordered buckets (their labels under them), with both axes named."""
-    top = max([count for _, count in counts] + [1])
-    n = max(len(counts), 1)
-    step = (WIDTH - 80) / n
-    parts = [svg_open(title, 260), text(WIDTH / 2, 18, title, "middle", bold=True),
-             axes(60, 210, 570, 180),
-             text(16, 120, y_label, "middle", rotate=True), text(WIDTH / 2, 252, x_label, "middle"),
-             text(56, 34, f"{top:,}", "end"), text(56, 210, "0", "end")]
-    for i, (label, count) in enumerate(counts):
-        h = 175 * count / top
-        x = 64 + i * step
-        parts.append(f'<rect x="{x:.1f}" y="{210 - h:.1f}" width="{step * 0.8:.1f}" height="{h:.1f}" fill="{COLORS[0]}">'
-                     f"<title>{escape(label)}: {count:,}</title></rect>")
-        parts.append(text(x + step * 0.4, 226, label, "middle", size=10))
-    return "".join(parts) + "</svg>"
+    return histograms(title, {"": dict(counts)}, [label for label, _ in counts], x_label, y_label)
 
 
 def line_chart(title: str, series: dict[str, list[float]], step_s: float, y_label: str) -> str:
@@ -124,6 +111,28 @@ def stage_lines(title: str, series: dict[str, list[float]], step_s: float, unit:
 def axes(x0: float, y0: float, width: float, height: float) -> str:
     return (f'<line x1="{x0}" x2="{x0 + width}" y1="{y0}" y2="{y0}" stroke="#333"/>'
             f'<line x1="{x0}" x2="{x0}" y1="{y0 - height}" y2="{y0}" stroke="#333"/>')
+
+
+def histograms(title: str, series: dict[str, dict[str, int]], labels: list[str], x_label: str,
+               y_label: str = "documents") -> str:
+    """Histograms over the same ordered buckets (`labels`), their bars side by side; a legend when
+    there are two or more."""
+    top = max([count for counts in series.values() for count in counts.values()] + [1])
+    step, width = (WIDTH - 80) / max(len(labels), 1), 0.8 / max(len(series), 1)
+    parts = [svg_open(title, 280 if len(series) > 1 else 260), text(WIDTH / 2, 18, title, "middle", bold=True),
+             axes(60, 210, 570, 180), text(16, 120, y_label, "middle", rotate=True), text(WIDTH / 2, 252, x_label, "middle"),
+             text(56, 34, f"{top:,}", "end"), text(56, 210, "0", "end")]
+    for k, (name, counts) in enumerate(series.items()):
+        for i, label in enumerate(labels):
+            h, x = 175 * counts.get(label, 0) / top, 64 + i * step + k * width * step
+            parts.append(f'<rect x="{x:.1f}" y="{210 - h:.1f}" width="{width * step:.1f}" height="{h:.1f}" '
+                         f'fill="{COLORS[k]}"><title>{escape(name + ", " if name else "")}{escape(label)}: '
+                         f"{counts.get(label, 0):,}</title></rect>")
+        if len(series) > 1:
+            parts += [f'<rect x="{70 + k * 260}" y="262" width="12" height="10" fill="{COLORS[k]}"/>',
+                      text(86 + k * 260, 271, name)]
+    parts += [text(64 + (i + 0.4) * step, 226, label, "middle", size=10) for i, label in enumerate(labels)]
+    return "".join(parts) + "</svg>"
 
 
 def sample_strip(title: str, pieces: list[tuple[int, int, str]], num_pad: int, spans: list[list[int]],

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from datapipe.pipeline.inspect import load_decoder, read_rejects
+from datapipe.pipeline.stats import length_labels
 from datapipe.report import charts
 from datapipe.report.samples import Piece, gate_measures, phase_folders, pieces_of, png_size, png_uri, read_samples
 
@@ -99,8 +100,9 @@ def example_text(record: dict[str, Any]) -> str:
 
 def text_section(run: RunFiles) -> str:
     hist = run.stats.get("length_histogram", {})
-    parts = [charts.histogram(f"Text length of {side} documents", list(hist.get(side, {}).items()), "characters")
-             for side in ("written", "rejected") if hist.get(side)]
+    parts = [cleaning_histogram(hist)] if hist.get("before") else []
+    parts += [charts.histogram(f"Text length of {side} documents", list(hist.get(side, {}).items()), "characters")
+              for side in ("written", "rejected") if hist.get(side)]
     stages = run.stats.get("stages", {})
     parts.append(charts.bar_chart("Text through the stages: what each stage read (cleaning shrinks it)",
                                   [(name, round(c["bytes_in"] / 1e6, 3)) for name, c in stages.items() if c["bytes_in"]],
@@ -114,6 +116,15 @@ def text_section(run: RunFiles) -> str:
                                   "redactions"))
     parts.append(dedup_table(run.rejects))
     return "".join(parts)
+
+
+def cleaning_histogram(hist: dict[str, dict[str, int]]) -> str:
+    """Lengths as read and as they left the stages: extraction and cleaning move documents left."""
+    before, after = hist.get("before", {}), hist.get("after", {})
+    labels = [label for label in length_labels() if label in before or label in after]
+    return charts.histograms("Text length before and after the stages (records read; records that passed)",
+                             {"before: as the first stage saw it": before, "after: as the last stage saw it": after},
+                             labels, "UTF-8 bytes")
 
 
 def dedup_table(rejects: list[dict[str, Any]]) -> str:
