@@ -43,6 +43,7 @@ def test_demo_goes_through_every_part_of_the_pipeline(demo_run):
     rejected = stats["rejected"]
     assert {"extract.empty", "langid.language", "dedup.exact_duplicate", "dedup.near_duplicate"} <= rejected.keys()
     assert any(reason.startswith("quality.") for reason in rejected) and stats["pii_redactions"]
+    assert {"render.invalid", "render.blank", "render.external_reference", "render.entity_bomb"} <= rejected.keys()
     assert stats["written"]["facts"] == 1  # the rewrite that passed, under its original's id
     [rewrite] = stats["rewrites"]  # the sample of passed rewrites keeps its scores, its source and its text
     assert rewrite["id"] == rewrite["source_id"] == "facts/great-wall" and rewrite["source_head"].startswith("The Great")
