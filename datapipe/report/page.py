@@ -153,7 +153,8 @@ def rephrase_section(run: RunFiles) -> str:
     unchanged = {r["derived_from"] for r in failed if r["id"].endswith("#rephrase0")}  # no rewrite of it passed
     passed = [passed_row(r, r["source_head"] or texts.get(r["source_id"], "(source not in the sampled shards)"))
               for r in run.stats.get("rewrites", [])]
-    rows = "".join(rephrase_row(r, texts.get(r["derived_from"], "(source not in the sampled shards)")) for r in failed)
+    rows = "".join(rephrase_row(r, r.get("notes", {}).get("rephrase", {}).get("source_head")
+                                or texts.get(r["derived_from"], "(source not in the sampled shards)")) for r in failed)
     kept = "".join(f"<tr><td>{escape(p.doc_id)}</td><td>{written_role(p.doc_id, unchanged)}</td>"
                    f"<td><pre>{escape(p.text[:1500])}</pre></td></tr>" for p in pieces[:4])
     header = "<tr><th>id</th><th>style / verdict</th><th>source</th><th>rewrite</th><th>fidelity scores</th></tr>"
@@ -173,7 +174,8 @@ def verdicts(stats: dict[str, Any]) -> str:
     rejected = {reason: n for reason, n in stats.get("rejected", {}).items() if reason.startswith("rephrase.")}
     share = sum(rejected.values()) / max(sum(rejected.values()) + sum(styles.values()), 1)
     chart = charts.bar_chart("Rewrites by verdict: passed (by style), rejected (by the check that failed)",
-                             [(f"passed: {style}", n) for style, n in styles.items()] + list(rejected.items()),
+                             [(f"passed: {style}", n) for style, n in styles.items()]
+                             + [(f"rejected: {reason.removeprefix('rephrase.')}", n) for reason, n in rejected.items()],
                              "rewrites")
     return (f"<p>{sum(styles.values())} rewrites passed the fidelity gate, {sum(rejected.values())} were rejected "
             f"({share:.0%}). With keep_originals off, a passing rewrite takes its original's id, and the original is "

@@ -16,8 +16,9 @@ passing rewrites are new records whose derived_from names the original. When no 
 keep_original) unless the recipe says on_failure: reject. Every failed rewrite is a created
 record rejected under its reason, its text the rewrite as far as it got, with every attempt's
 scores and answer in notes["rephrase"], so rejects.jsonl shows what the gate refused; a passing
-rewrite keeps its chunks' scores there too (and, where it replaced its original, the source's head),
-from which stats.json keeps a sample for the run report (RunStats.rewrites).
+rewrite keeps its chunks' scores there too; every rewrite keeps its source's head (the original's
+text is gone where a rewrite replaced it), and stats.json keeps a sample of the passed ones with
+their scores for the run report (RunStats.rewrites).
 With keep_originals=true the original passes unchanged and all K rewrites are created.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ from datapipe.llm.styles import StyleConfig, eligible_styles, load_styles, style
 from datapipe.schema import Document
 from datapipe.stage import StageConfig
 
-SOURCE_HEAD = 600  # characters of the source kept in the notes of the rewrite that replaces it (the run report)
+SOURCE_HEAD = 600  # characters of the source kept in each rewrite's notes (the run report shows them beside it)
 CONTEXT_TEMPLATE = ("Here is the previous part of your rewrite, for continuity. Do not repeat it:\n{context}\n\n"
                     "Now rewrite the next part in the same way.\n{text}")
 
@@ -150,7 +151,6 @@ def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list
         apply_slot(created[-1], slot, i, doc["id"], provenance)
     if passed and not cfg.keep_originals:
         apply_slot(doc, passed[0], 0, doc["id"], provenance)
-        doc["notes"]["rephrase"]["source_head"] = "".join(passed[0].chunks)[:SOURCE_HEAD]  # its own text is gone
     elif cfg.keep_originals or cfg.on_failure == "keep_original":
         doc["notes"]["rephrase"] = {"role": "original", "rewrites": [r["id"] for r in created],
                                     **({"no_rewrite_passed": [s.reason for s in failed]} if not passed else {})}
@@ -174,6 +174,7 @@ def apply_slot(record: Document, slot: Slot, index: int, source_id: str, provena
         "source_id": source_id, "rewrite": index, "style": slot.style.name, **provenance,
         "chunks": len(slot.chunks), "fidelity": slot.scores, "attempts": slot.attempts,
         "output_tokens": slot.output_tokens,
+        "source_head": "".join(slot.chunks)[:SOURCE_HEAD],  # the report shows it beside the rewrite
     }
     if slot.reason:
         record["reject"] = f"rephrase.{slot.reason}"
