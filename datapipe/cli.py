@@ -36,8 +36,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+EXAMPLES = """examples:
+  datapipe run recipes/demo.yaml   # the whole pipeline in miniature; its last line names out/demo/report.html
+  datapipe inspect out/demo --sample 0
+  datapipe COMMAND --help          # a command's options, with an example"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="datapipe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="datapipe", description=__doc__, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     run = command(commands, "run", "run a recipe: sources -> stages -> packed shards, then out/<name>/report.html",

@@ -7,7 +7,7 @@ invents a field of its own.
 A Document keeps three kinds of data apart, so that what a source brings can never be
 mistaken for what the pipeline decided:
 - typed fields: everything the pipeline reads back to count, route or trust a record
-  (reject, error, derived_from, transforms, bytes_in, busy_us, language and its score, pii,
+  (reject, error, derived_from, transforms, bytes_in, busy_us, stage_ms, language and its score, pii,
   num_tokens, asset_dir). The runner and the stage that owns a field write it; a reader
   writes none but asset_dir (the files reader: the file's own folder).
 - `meta`: the source's own data: a tabular row's other columns, unchanged whatever
@@ -51,6 +51,8 @@ class Document(TypedDict):
     transforms: list[str]  # the stages that kept it, in order (provenance, and stats' per-stage counts)
     bytes_in: dict[str, int]  # stage -> UTF-8 bytes of text that stage saw (set by the runner, for stats)
     busy_us: dict[str, int]  # stage -> its share of the worker time that stage spent on its batch, in us (runner, stats)
+    stage_ms: dict[str, list[int]]  # stage -> [start, end] of the batch it went through that stage in, Unix ms
+    # (runner, stats: throughput over time and wall time per stage)
     language: str  # "" until langid; then its ISO 639-1 code ("en"), which picks C4's bad-words list
     language_score: float  # langid's confidence in `language`, 0..1; 0.0 until langid
     pii: dict[str, int]  # redactions by kind ("email": 2), kinds found only; {} until the pii stage
@@ -81,7 +83,8 @@ class PackedSample(TypedDict):
 
 
 JSON_FIELDS = ("meta", "notes")  # dicts whose keys vary: JSON text in Arrow
-MAP_FIELDS = ("bytes_in", "busy_us", "pii")  # str -> int dicts: Arrow maps, which read back as (key, value) pairs
+MAP_FIELDS = ("bytes_in", "busy_us", "stage_ms", "pii")  # dicts of str: Arrow maps, which read back as (key, value) pairs
+TIMING_FIELDS = ("busy_us", "stage_ms")  # differ run to run: kept out of the rejects files (a rerun's are byte-identical)
 
 
 def arrow_schema():
@@ -103,6 +106,7 @@ def arrow_schema():
         ("transforms", pa.list_(pa.string())),
         ("bytes_in", counts),
         ("busy_us", counts),
+        ("stage_ms", pa.map_(pa.string(), pa.list_(pa.int64()))),
         ("language", pa.string()),
         ("language_score", pa.float64()),
         ("pii", counts),
@@ -132,6 +136,7 @@ def new_document(source: str, source_id: str, text: str, kind: str = "text", met
         "transforms": [],
         "bytes_in": {},
         "busy_us": {},
+        "stage_ms": {},
         "language": "",
         "language_score": 0.0,
         "pii": {},

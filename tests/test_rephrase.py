@@ -40,6 +40,7 @@ def test_each_input_becomes_k_rewrites_in_distinct_styles_with_provenance():
             info = record["notes"]["rephrase"]
             assert info["source_id"] == original["id"] and info["chunks"] == 2  # 2 sentences / 2 paragraphs
             assert info["model"] == "SmolLM2-135M-Instruct" and info["backend"] == "local"
+            assert info["source_head"] == {"web/0": EIFFEL, "web/1": WATER}[original["id"]][:600]  # for the report
             if record["reject"]:  # a failed rewrite: its answer and every score are kept for the rejects file
                 assert record["reject"] in REASONS and info["attempts"][-1]["detail"]
             else:  # both chunks passed and were stitched with their source's break

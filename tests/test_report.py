@@ -16,7 +16,12 @@ from datapipe.report.page import REPORT, SECTIONS
 pytestmark = pytest.mark.slow  # a Ray run with the local model, resvg and Chromium: about a minute on 2 cores
 
 ROOT = Path(__file__).resolve().parent.parent
-REDUCED = ["sources.web.count=40", "sources.svg.count=12", "sources.pages.count=2", "sources.facts.limit=1"]
+REDUCED = ["sources.web.count=40", "sources.svg.count=12", "sources.pages.count=2", "sources.facts.limit=1",
+           # a gate the 135M model's rewrite passes (the demo's fails most): the report shows a passed one's scores
+           "stages.rephrase.fidelity={min_cosine: null, max_overlap: 1.0, max_repetition: 1.0, max_context_overlap: 1.0,"
+           " max_dropped_numbers: 99, max_invented_numbers: 99, min_name_recall: 0.0, max_invented_names: 99,"
+           " max_broken_relations: 99, check_negation: false, check_language: false, reject_truncated: false,"
+           " min_length_ratio: 0.001, max_length_ratio: 1000.0}"]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +43,16 @@ def test_demo_goes_through_every_part_of_the_pipeline(demo_run):
     rejected = stats["rejected"]
     assert {"extract.empty", "langid.language", "dedup.exact_duplicate", "dedup.near_duplicate"} <= rejected.keys()
     assert any(reason.startswith("quality.") for reason in rejected) and stats["pii_redactions"]
-    assert stats["written"]["facts"] == 1  # the rewrite that passed, or its original
+    assert {"render.invalid", "render.blank", "render.external_reference", "render.entity_bomb"} <= rejected.keys()
+    assert stats["written"]["facts"] == 1  # the rewrite that passed, under its original's id
+    [rewrite] = stats["rewrites"]  # the sample of passed rewrites keeps its scores, its source and its text
+    assert rewrite["id"] == rewrite["source_id"] == "facts/great-wall" and rewrite["source_head"].startswith("The Great")
+    assert {"loop", "copied", "numbers_dropped", "length_ratio"} <= rewrite["scores"].keys()
+    assert stats["rewrite_styles"] == {rewrite["style"]: 1}
     assert [name for name in stats["phases"]] == ["short", "long"]
+    lengths = stats["length_histogram"]  # bytes as the first stage saw each record read, and as the last saw it
+    assert sum(lengths["before"].values()) == sum(stats["records_in"].values())  # no reader rejects here
+    assert 0 < sum(lengths["after"].values()) <= stats["stages"]["tokenize"]["kept"]
 
 
 def test_the_loader_reads_every_phase_back_with_images(demo_run):
@@ -67,6 +80,15 @@ def test_report_has_every_section_and_chart_and_asks_the_network_nothing(demo_ru
             charts = {name: page.locator(f"section#{name} svg.chart").count() for name in SECTIONS}
             assert all(charts[name] > 0 for name in ("flow", "text", "tokens", "sample", "time")), charts
             assert page.locator("section#renders .pair img").count() > 0
+            assert page.locator("section#rephrase pre.scores").count() >= 1  # the passed rewrite's scores
+            assert page.locator("section#text svg[aria-label^='Text length before and after']").count() == 1
+            assert page.locator("section#flow svg[aria-label^='Records in, kept and rejected']").count() == 1
+            titles = page.locator("section#time svg.chart").evaluate_all("svgs => svgs.map(s => s.ariaLabel)")
+            assert [t.split(",")[0] for t in titles[:3]] == ["Records per second over time", "Tokens per second over "
+                                                             "time", "Wall time per stage: its first batch's start to "
+                                                             "its last batch's end"], titles
+            lines = page.locator("section#time svg.chart").first.locator("polyline")
+            assert lines.count() == len(json.loads((demo_run / "stats.json").read_text())["throughput"]["records_per_s"])
             assert page.locator("section#sample svg.chart rect").count() > 2  # pieces, padding, spans, mask runs
             images = page.locator("img").evaluate_all("imgs => imgs.filter(i => !i.complete || !i.naturalWidth).length")
             assert images == 0  # every inline image decodes
@@ -108,3 +130,8 @@ def test_stats_hold_worker_time_per_stage(demo_run):
     busy = stats["stage_busy_s"]
     assert {"extract", "rephrase", "render", "tokenize"} <= busy.keys() and all(s >= 0 for s in busy.values())
     assert busy["rephrase"] > 0 and busy["render"] > 0  # a model and a browser take measurable time
+    wall, timeline = stats["stage_wall_s"], stats["throughput"]
+    assert list(wall)[0] == "read" and {"dedup", "rephrase", "render", "tokenize", "pack short", "pack long"} <= wall.keys()
+    assert timeline["records_per_s"].keys() == wall.keys() and {"tokenize", "pack short"} <= timeline["tokens_per_s"].keys()
+    read = sum(timeline["records_per_s"]["read"]) * timeline["bin_s"]
+    assert read == pytest.approx(sum(stats["records_in"].values()), rel=0.02)  # every record read lies in the bins

@@ -111,10 +111,26 @@ def test_partition_tasks_and_an_operator_a_stage_write_the_same_bytes(finished_r
     assert [s["sha256"] for s in shards[0]] == [s["sha256"] for s in shards[1]]
     for name in (path.relative_to(finished_run) for path in finished_run.glob("rejects/*")):
         assert (finished_run / name).read_bytes() == (tmp_path / "ops" / name).read_bytes(), name
-    untimed = {"wall_s", "driver", "execution", "phases", "stage_busy_s"}
+    untimed = {"wall_s", "driver", "execution", "phases", "stage_busy_s", "stage_wall_s", "throughput"}
     assert {k: v for k, v in tasks.items() if k not in untimed} == {k: v for k, v in ops.items() if k not in untimed}
     assert {k: v for k, v in tasks["phases"]["main"].items() if k != "wall_s"} == \
         {k: v for k, v in ops["phases"]["main"].items() if k != "wall_s"}
+    for stats in (tasks, ops):
+        assert_timed_every_stage(stats)
+
+
+def assert_timed_every_stage(stats: dict) -> None:
+    """Both plans time each stage (the report's throughput over time and wall time per stage): every
+    record read and every token made lies in the time bins, and pack's tokens are the phase's."""
+    stages = [stage for stage in stats["stages"] if stage != "pack"] + ["pack main"]
+    assert list(stats["stage_wall_s"]) == stages and all(s >= 0 for s in stats["stage_wall_s"].values())
+    timeline = stats["throughput"]
+    assert list(timeline["records_per_s"]) == stages and len(timeline["records_per_s"]["read"]) == 60
+    assert set(timeline["tokens_per_s"]) == {"tokenize", "pack main"}
+    in_bins = {stage: sum(rates) * timeline["bin_s"] for stage, rates in timeline["tokens_per_s"].items()}
+    assert sum(timeline["records_per_s"]["read"]) * timeline["bin_s"] == pytest.approx(stats["stages"]["read"]["in"],
+                                                                                        rel=0.02)
+    assert in_bins["pack main"] == pytest.approx(stats["phases"]["main"]["tokens"], rel=0.02)
 
 
 def test_inspect_and_recipes_commands(finished_run, capsys):
@@ -211,5 +227,6 @@ def test_a_late_reject_leaves_no_trace_in_the_written_figures():
     figures = stats.to_dict()
     assert figures["written"] == {"web": 1} and figures["tokens"] == 40 and figures["balanced"]
     assert figures["languages"] == {"en": 1}  # the French document left late: no "fr": 0 either
-    assert figures["length_histogram"] == {"written": {"256-1024": 1}, "rejected": {"<64": 1, "4096-16384": 1}}
+    lengths = {side: figures["length_histogram"][side] for side in ("written", "rejected")}
+    assert lengths == {"written": {"256-1024": 1}, "rejected": {"<64": 1, "4096-16384": 1}}
     assert figures["rejected_bytes"] == {"pack.over_budget": len("short é".encode()) + 5000}

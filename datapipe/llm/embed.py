@@ -17,8 +17,9 @@ class Embedder:
     def __init__(self, folder: Path | None = None, device: str = "cpu"):
         from transformers import AutoModel, AutoTokenizer
 
-        from datapipe.llm.packaged import minilm_dir
+        from datapipe.llm.packaged import minilm_dir, quiet_loading
 
+        quiet_loading()
         folder = folder or minilm_dir()
         self.device = device
         self.tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -10,7 +10,7 @@ with its new tokens is answered `context_overflow` without running.
 from __future__ import annotations
 
 from datapipe.llm.base import CONTEXT_OVERFLOW, BackendConfig, Completion, Request, failed, finish
-from datapipe.llm.packaged import SMOLLM2, model_dir
+from datapipe.llm.packaged import SMOLLM2, model_dir, quiet_loading
 
 
 class LocalBackend:
@@ -22,6 +22,7 @@ class LocalBackend:
 
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        quiet_loading()
         self.cfg = cfg
         self.device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
         folder = model_dir(cfg.model)

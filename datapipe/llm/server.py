@@ -187,7 +187,10 @@ def chat_completion(model: str, completion: Completion) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m datapipe.llm.server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m datapipe.llm.server", description=__doc__.splitlines()[0],
+                                     epilog="example:\n  python -m datapipe.llm.server --port 8000   # then a recipe's "
+                                     "rephrase backend: {type: openai, base_url: http://127.0.0.1:8000/v1}",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="packaged model name or a model folder")

@@ -95,7 +95,7 @@ def plan_groups(phase: CurriculumPhase, supplies: list[np.ndarray], tokens: list
 
 def run_group(job: GroupJob, work: Store, out: Store) -> dict[str, Any]:
     """A Ray task: select, pack and write one group of a phase; its marker, written last, is returned."""
-    started = time.monotonic()
+    started, started_ms = time.monotonic(), time.time_ns() // 1_000_000
     corpus = corpus_from_tables([read_piece(work, name) for name in job.pieces], list(job.source_names))
     ids = SpecialIds.from_tokenizer(job.tokenizer)
     selection, sequences, samples = pack_group(job.phase, corpus, job.seed, ids, job.targets, job.group)
@@ -107,7 +107,8 @@ def run_group(job: GroupJob, work: Store, out: Store) -> dict[str, Any]:
     shards = writer.close()
     write_outcomes(work, job, corpus, selection)
     marker = {"shards": shards, "stats": group_stats(job.phase, corpus, selection, sequences, shards),
-              "wall_s": round(time.monotonic() - started, 2)}
+              "wall_s": round(time.monotonic() - started, 2),
+              "span_ms": [started_ms, time.time_ns() // 1_000_000]}  # the run's throughput over time
     work.write_bytes(job.marker, json.dumps(marker).encode())
     return marker
 

@@ -5,7 +5,8 @@ retried one record at a time, so one bad record becomes `<stage>.error` and the 
 a stage that loses a record without a reject reason stops the run; every record the stage kept
 gets its name in `transforms`, and `bytes_in[stage]` records the text size the stage saw and
 `busy_us[stage]` its share of the batch's time in the stage (the batch's time split evenly over
-the records that came out: stats' time per stage, summed over workers).
+the records that came out: stats' time per stage, summed over workers) and `stage_ms[stage]` the
+batch's start and end on the wall clock (stats' throughput over time and wall time per stage).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from functools import lru_cache
 from typing import Callable
 
 from datapipe.pipeline import registry
-from datapipe.schema import Document, docs_from_table, docs_to_table, mark_transform
+from datapipe.schema import TIMING_FIELDS, Document, docs_from_table, docs_to_table, mark_transform
 
 DERIVED_BITS = 12  # Document.position = record index << 12 | n for the n-th record a stage derives from it
 
@@ -51,14 +52,14 @@ def apply_to_documents(stage: Callable, name: str, docs: list[Document],
     dead = [doc for doc in docs if doc["reject"]]
     alive = [doc for doc in docs if not doc["reject"]]
     record_bytes_in(alive, name)
-    started = time.perf_counter()
+    started, wall_ms = time.perf_counter(), time.time_ns() // 1_000_000
     try:
         out = stage(alive) if alive else []
     except Exception:  # noqa: BLE001 - one bad record must not fail the batch: retry one by one
         again = record_bytes_in([doc for doc in fresh() if not doc["reject"]], name)
         out = [kept for doc in again for kept in run_one(stage, name, doc)]
     check_accounted(name, alive, out)
-    record_busy(out, name, time.perf_counter() - started)
+    record_busy(out, name, time.perf_counter() - started, wall_ms)
     place_derived(out)
     for doc in out:
         if not doc["reject"]:
@@ -73,10 +74,13 @@ def record_bytes_in(docs: list[Document], name: str) -> list[Document]:
     return docs
 
 
-def record_busy(docs: list[Document], name: str, seconds: float) -> None:
+def record_busy(docs: list[Document], name: str, seconds: float, wall_ms: int) -> None:
+    """The batch's `seconds` in stage `name`, begun at `wall_ms` (Unix ms), on each of its records."""
     share = round(seconds * 1e6 / max(len(docs), 1))
+    span = [wall_ms, wall_ms + round(seconds * 1000)]
     for doc in docs:
         doc["busy_us"][name] = doc["busy_us"].get(name, 0) + share
+        doc["stage_ms"][name] = span
 
 
 def run_one(stage: Callable, name: str, doc: Document) -> list[Document]:
@@ -97,9 +101,9 @@ def check_accounted(name: str, alive: list[Document], out: list[Document]) -> No
 
 def reject_line(doc: Document) -> str:
     """A rejects.jsonl line: who, why, the head of the text, then every other field but media, tokens and
-    busy_us (timings: a rerun's rejects files are byte-identical)."""
+    the timings (a rerun's rejects files are byte-identical)."""
     head = {k: doc[k] for k in ("id", "source", "source_id", "kind", "reject", "error")}
-    rest = {k: v for k, v in doc.items() if k not in head and k not in ("text", "media", "tokens", "busy_us")}
+    rest = {k: v for k, v in doc.items() if k not in head and k not in ("text", "media", "tokens", *TIMING_FIELDS)}
     return json.dumps({**head, "text": doc["text"][:2000], **rest}, ensure_ascii=False)
 
 

@@ -18,6 +18,7 @@ killed attempt left behind are never listed in a marker and are ignored.
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from datapipe.packing.bfd import SpecialIds
 from datapipe.packing.corpus import corpus_from_tables, pack_reasons, piece_table, read_piece, write_piece
 from datapipe.packing.curriculum import MISS_REASONS, CurriculumPhase, supply_of
 from datapipe.packing.groups import read_usage
-from datapipe.pipeline.apply import DERIVED_BITS, reject_line
+from datapipe.pipeline.apply import DERIVED_BITS, record_busy, reject_line
 from datapipe.pipeline.stats import RunStats
 from datapipe.schema import Document, docs_from_table, new_document
 from datapipe.storage import Store
@@ -47,15 +48,25 @@ def numbered(docs: list[Document], partition: int, start: int) -> list[Document]
 
 
 def numbered_blocks(docs: Iterable[Document], partition: int, size: int) -> Iterator[list[Document]]:
-    """A partition's records in lists of `size`, numbered (`numbered`); the last list, maybe holding
-    no record, ends with the row that closes the partition."""
-    count, block = 0, []
+    """A partition's records in lists of `size`, numbered (`numbered`) and timed as stage "read" (the
+    time spent reading them, not the time their consumer held the generator); the last list, maybe
+    holding no record, ends with the row that closes the partition."""
+    count, block, clock = 0, [], read_clock()
     for doc in docs:
         block.append(doc)
         if len(block) == size:
-            yield numbered(block, partition, count)
-            count, block = count + size, []
-    yield [*numbered(block, partition, count), end_row(partition, count + len(block))]
+            yield timed_read(numbered(block, partition, count), clock)
+            count, block, clock = count + size, [], read_clock()
+    yield [*timed_read(numbered(block, partition, count), clock), end_row(partition, count + len(block))]
+
+
+def read_clock() -> tuple[float, int]:
+    return time.perf_counter(), time.time_ns() // 1_000_000
+
+
+def timed_read(block: list[Document], clock: tuple[float, int]) -> list[Document]:
+    record_busy(block, "read", time.perf_counter() - clock[0], clock[1])
+    return block
 
 
 def end_row(partition: int, records: int) -> Document:

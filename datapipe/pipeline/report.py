@@ -23,22 +23,8 @@ from datapipe.pipeline.stats import RunStats
 REFRESH_PER_S = 2  # rich's default 10 cost the driver 3 s of CPU over a 100-second run (py-spy)
 
 
-def make_progress(console: Console) -> Progress:
-    """An open-ended bar: records and tokens so far, and their rates."""
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        TextColumn("{task.completed:,.0f} records ({task.fields[rps]:,.0f}/s)"),
-        TextColumn("{task.fields[tokens]:,} tokens ({task.fields[tps]:,.0f}/s)"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-        refresh_per_second=REFRESH_PER_S,
-    )
-
-
 def partition_progress(console: Console) -> Progress:
-    """Partition tasks: partitions done of all with the time left, and records and tokens with their rates."""
+    """Partitions committed of all with the time left, and records and tokens with their rates (both plans)."""
     return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[records]:,.0f} records ({task.fields[rps]:,.0f}/s)"),
                     TextColumn("{task.fields[tokens]:,} tokens ({task.fields[tps]:,.0f}/s)"),

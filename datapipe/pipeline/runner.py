@@ -58,10 +58,11 @@ from datapipe.pipeline.partitions import (
     read_partition as read_committed,
 )
 from datapipe.pipeline.recipe import RayConfig, Recipe, RecipeError, RunError
-from datapipe.pipeline.report import make_progress, partition_progress, task_progress, update_progress
+from datapipe.pipeline.report import partition_progress, task_progress, update_progress
 from datapipe.pipeline.resume import RunFolder, open_run
 from datapipe.pipeline.sizing import held_problems, placement_problems, pool_bounds
 from datapipe.pipeline.stats import RunStats
+from datapipe.pipeline.timeline import add_times, throughput
 from datapipe.schema import Document, docs_to_table
 from datapipe.stage import GlobalContext, StageConfig
 from datapipe.storage import Store
@@ -88,15 +89,15 @@ def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: s
     run.begin(plan)  # the first write to the output: every check has passed
     if resuming:
         console.print(f"resuming {run.target.location}: what an earlier attempt committed is kept", highlight=False)
-    started = time.monotonic()
+    started = time.monotonic(), time.time_ns() // 1_000_000  # the run's time, and its wall clock for the timeline
     partitions = commit_documents(recipe, plan, run, console)
     try:
         check_read(recipe, inputs, partition_stats(recipe, partitions))
     except RunError:
         account_partitions(recipe, partitions, run, phases=[])  # the rejects files name every input and its error
         raise
-    phases = pack_phases(recipe, partitions, run, console)
-    stats = run_stats(recipe, partitions, account_partitions(recipe, partitions, run), phases, started)
+    phases, packed = pack_phases(recipe, partitions, run, console)
+    stats = run_stats(recipe, partitions, account_partitions(recipe, partitions, run), phases, packed, started)
     run.target.write_bytes("stats.json", json.dumps(stats, indent=2).encode())
     write_run_manifest(run.target, [{"name": phase.name} for phase in recipe.phases],  # last: the run is done
                        {"recipe": recipe.name, "seed": recipe.seed})
@@ -189,13 +190,13 @@ def run_operator_plan(recipe: Recipe, plan: list[dict[str, Any]], todo: list[int
     summaries = build_plan(recipe, plan, todo, settings.work).map_batches(
         commit_block, fn_kwargs={"settings": settings}, batch_size=None, batch_format="pyarrow")
     log, shown = PartitionLog(settings.work), RunStats(recipe.name)
-    with make_progress(console) as progress:
-        task = progress.add_task(recipe.name, total=None, tokens=0, rps=0.0, tps=0.0)
+    with partition_progress(console) as progress:  # partitions committed of all: the bar and its ETA
+        task = progress.add_task(recipe.name, total=len(todo), records=0, tokens=0, rps=0.0, tps=0.0)
         for table in summaries.iter_batches(batch_format="pyarrow", batch_size=None):
             for row in table.to_pylist():
                 log.add(row)
                 shown.add(json.loads(row["stats"]))
-            update_progress(progress, task, shown)
+            update_progress(progress, task, shown, partitions=len(log.committed))
     return log.committed
 
 
@@ -207,9 +208,11 @@ def partition_stats(recipe: Recipe, partitions: list[Partition]) -> RunStats:
     return stats
 
 
-def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder, console: Console) -> dict[str, Any]:
+def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder,
+                console: Console) -> tuple[dict[str, Any], list[tuple[str, list[int]]]]:
     """Every phase's groups packed by Ray tasks (those a killed run committed read back); each phase's
-    manifest written from its groups' shards; its stats returned."""
+    manifest written from its groups' shards; its stats returned, and each group's times as a stage
+    "pack <phase>" ([start ms, end ms, documents, tokens]: timeline.throughput's entries)."""
     import ray
 
     started, names = time.monotonic(), [source.name for source in recipe.sources]
@@ -234,9 +237,12 @@ def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder, con
             job = pending.pop(ready)
             results[job.phase.name, job.group] = ray.get(ready)
             progress.update(task, completed=sum(value is not None for value in results.values()))
-    return {phase.name: write_phase(recipe, phase, [results[key] for key in sorted(results) if key[0] == phase.name],
-                                    targets[phase.name], run, time.monotonic() - started)
-            for phase in recipe.phases}
+    phases = {phase.name: write_phase(recipe, phase, [results[key] for key in sorted(results) if key[0] == phase.name],
+                                      targets[phase.name], run, time.monotonic() - started)
+              for phase in recipe.phases}
+    return phases, [(f"pack {phase.name}", [*group["span_ms"], group["stats"]["copies"], group["stats"]["tokens"]])
+                    for phase in recipe.phases for (name, _), group in sorted(results.items())
+                    if name == phase.name and "span_ms" in group]
 
 
 def group_job(recipe: Recipe, phase, group: int, members: list[Partition], targets) -> GroupJob:
@@ -272,14 +278,19 @@ def account_partitions(recipe: Recipe, partitions: list[Partition], run: RunFold
 
 
 def run_stats(recipe: Recipe, partitions: list[Partition], accounts: list[dict[str, Any]], phases: dict[str, Any],
-              started: float) -> dict[str, Any]:
+              packed: list[tuple[str, list[int]]], started: tuple[float, int]) -> dict[str, Any]:
+    """The run's figures; `packed`: pack_phases' group times; `started`: the run's monotonic and Unix ms start."""
     stats = partition_stats(recipe, partitions)
     for account in accounts:
         stats.add(account["stats"])
+    for stage, times in packed:
+        add_times(stats.stage_times, stage, times)
     stats.phases = phases
-    stats.wall_s = time.monotonic() - started
+    stats.wall_s = time.monotonic() - started[0]
     execution = "partition tasks" if uses_partition_tasks(recipe) else "an operator a stage"
-    return {**stats.to_dict(), "execution": execution, "driver": driver_figures()}
+    entries = [(stage, times) for part in partitions for stage, times in part.stats.get("stage_times", {}).items()]
+    timeline = throughput(entries + packed, started[1], time.time_ns() // 1_000_000)
+    return {**stats.to_dict(), "throughput": timeline, "execution": execution, "driver": driver_figures()}
 
 
 def driver_figures() -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from datapipe.pipeline.inspect import load_decoder, read_rejects
+from datapipe.pipeline.stats import length_labels
 from datapipe.report import charts
 from datapipe.report.samples import Piece, gate_measures, phase_folders, pieces_of, png_size, png_uri, read_samples
 
@@ -28,7 +29,7 @@ section{border-top:1px solid #ccc;margin-top:2em}table{border-collapse:collapse;
 td,th{border:1px solid #ddd;padding:3px 6px;vertical-align:top;text-align:left}
 pre{white-space:pre-wrap;max-height:240px;overflow:auto;background:#f6f6f6;padding:6px;font-size:12px;margin:0}
 .pair{display:grid;grid-template-columns:1fr 260px;gap:10px;margin:10px 0}.pair img{max-width:256px;border:1px solid #ccc}figure{margin:0 0 8px}figcaption{font-size:11px;color:#555}
-.note{color:#666;font-size:13px}pre.short{max-height:110px}"""
+.note{color:#666;font-size:13px}pre.short{max-height:110px}pre.scores{white-space:pre;max-height:none;font-size:11px}"""
 
 
 def write_report(out_dir: Path | str) -> Path:
@@ -76,8 +77,12 @@ def section(name: str, title: str, content: str) -> str:
 
 def flow(run: RunFiles) -> str:
     stages = run.stats.get("stages", {})
-    kept = charts.bar_chart("Records kept per stage, in pipeline order", [(s, c["kept"]) for s, c in stages.items()],
-                            "records")
+    read = stages.get("read") or {"kept": sum(run.stats.get("records_in", {}).values()), "rejected": 0}
+    kept = charts.funnel("Records in, kept and rejected per stage, in pipeline order",
+                         [("read", read["kept"], read["rejected"])]
+                         + [(s, c["kept"], c["rejected"]) for s, c in stages.items() if s != "read"])
+    kept += (f"<p class='note'>Stages created {sum(run.stats.get('created', {}).values()):,} records (rewrites, "
+             "samples) beside those read; a stage that works on some sources passes the others by, counted as kept.</p>")
     dropped = charts.bar_chart("Records rejected per reason", list(run.stats.get("rejected", {}).items()), "records")
     examples = {}
     for record in run.rejects:
@@ -95,8 +100,9 @@ def example_text(record: dict[str, Any]) -> str:
 
 def text_section(run: RunFiles) -> str:
     hist = run.stats.get("length_histogram", {})
-    parts = [charts.histogram(f"Text length of {side} documents", list(hist.get(side, {}).items()), "characters")
-             for side in ("written", "rejected") if hist.get(side)]
+    parts = [cleaning_histogram(hist)] if hist.get("before") else []
+    parts += [charts.histogram(f"Text length of {side} documents", list(hist.get(side, {}).items()), "characters")
+              for side in ("written", "rejected") if hist.get(side)]
     stages = run.stats.get("stages", {})
     parts.append(charts.bar_chart("Text through the stages: what each stage read (cleaning shrinks it)",
                                   [(name, round(c["bytes_in"] / 1e6, 3)) for name, c in stages.items() if c["bytes_in"]],
@@ -110,6 +116,15 @@ def text_section(run: RunFiles) -> str:
                                   "redactions"))
     parts.append(dedup_table(run.rejects))
     return "".join(parts)
+
+
+def cleaning_histogram(hist: dict[str, dict[str, int]]) -> str:
+    """Lengths as read and as they left the stages: extraction and cleaning move documents left."""
+    before, after = hist.get("before", {}), hist.get("after", {})
+    labels = [label for label in length_labels() if label in before or label in after]
+    return charts.histograms("Text length before and after the stages (records read; records that passed)",
+                             {"before: as the first stage saw it": before, "after: as the last stage saw it": after},
+                             labels, "UTF-8 bytes")
 
 
 def dedup_table(rejects: list[dict[str, Any]]) -> str:
@@ -127,26 +142,56 @@ def dedup_table(rejects: list[dict[str, Any]]) -> str:
 
 
 def rephrase_section(run: RunFiles) -> str:
-    """Each rewrite beside its source: written ones decoded from the shards, rejected ones from the
-    rejects with the fidelity gate's scores of every attempt."""
+    """Each rewrite beside its source, with its style and the fidelity gate's scores: passed ones from
+    stats.json's sample (the shards keep tokens, not scores), rejected ones from the rejects with the
+    scores of every attempt; the verdicts counted by style and by failed check."""
     failed = [r for r in run.rejects if r["reject"].startswith("rephrase.")]
     sources = set(run.stage_sources("rephrase")) or {r["source"] for r in failed}  # []: every source it saw
     pieces = unique([p for pieces in run.pieces.values() for p in pieces
                      if p.offset == 0 and (p.doc_id.split("/", 1)[0] in sources or "#rephrase" in p.doc_id)])
     texts = {p.doc_id: p.text for p in pieces}
     unchanged = {r["derived_from"] for r in failed if r["id"].endswith("#rephrase0")}  # no rewrite of it passed
-    passed = [p for p in pieces if p.doc_id not in unchanged]
-    rows = "".join(rephrase_row(r, texts.get(r["derived_from"], "(source not in the sampled shards)")) for r in failed)
+    passed = [passed_row(r, r["source_head"] or texts.get(r["source_id"], "(source not in the sampled shards)"))
+              for r in run.stats.get("rewrites", [])]
+    rows = "".join(rephrase_row(r, r.get("notes", {}).get("rephrase", {}).get("source_head")
+                                or texts.get(r["derived_from"], "(source not in the sampled shards)")) for r in failed)
     kept = "".join(f"<tr><td>{escape(p.doc_id)}</td><td>{written_role(p.doc_id, unchanged)}</td>"
-                   f"<td><pre>{escape(p.text[:1500])}</pre></td></tr>" for p in pieces[:6])
-    share = len(failed) / max(len(failed) + len(passed), 1)
-    return (f"<p>{len(passed)} rewrites written (in the sampled shards), {len(failed)} rejected by the fidelity gate "
+                   f"<td><pre>{escape(p.text[:1500])}</pre></td></tr>" for p in pieces[:4])
+    header = "<tr><th>id</th><th>style / verdict</th><th>source</th><th>rewrite</th><th>fidelity scores</th></tr>"
+    return (verdicts(run.stats) + f"<h3>Rewrites that passed the gate, beside their source ({len(passed)} shown)</h3>"
+            f"<table>{header}{''.join(passed) or NONE_PASSED}</table><h3>Rejected rewrites, beside their source</h3><table>{header}"
+            f"{rows or NONE_REJECTED}</table><h3>Written documents of the rephrased sources</h3><table><tr><th>id</th><th>what</th>"
+            f"<th>text (decoded from the shard)</th></tr>{kept}</table>")
+
+
+NONE_PASSED = "<tr><td colspan='5'>none in this run: every rewrite failed a check (below)</td></tr>"
+NONE_REJECTED = "<tr><td colspan='5'>none in this run: every rewrite passed</td></tr>"
+
+
+def verdicts(stats: dict[str, Any]) -> str:
+    """The gate's verdicts: passed rewrites by style, rejected ones by the check that failed."""
+    styles = stats.get("rewrite_styles", {})
+    rejected = {reason: n for reason, n in stats.get("rejected", {}).items() if reason.startswith("rephrase.")}
+    share = sum(rejected.values()) / max(sum(rejected.values()) + sum(styles.values()), 1)
+    chart = charts.bar_chart("Rewrites by verdict: passed (by style), rejected (by the check that failed)",
+                             [(f"passed: {style}", n) for style, n in styles.items()]
+                             + [(f"rejected: {reason.removeprefix('rephrase.')}", n) for reason, n in rejected.items()],
+                             "rewrites")
+    return (f"<p>{sum(styles.values())} rewrites passed the fidelity gate, {sum(rejected.values())} were rejected "
             f"({share:.0%}). With keep_originals off, a passing rewrite takes its original's id, and the original is "
-            "written unchanged when none passes. A written rewrite's scores stay in the run's work notes; a rejected "
-            "one keeps them in rejects/*.jsonl, shown here.</p><h3>Rejected rewrites, beside their source</h3><table>"
-            "<tr><th>id</th><th>style / reason</th><th>source (decoded from the shard)</th><th>rewrite</th><th>fidelity "
-            f"scores</th></tr>{rows}</table><h3>Written documents of the rephrased sources</h3><table><tr><th>id</th>"
-            f"<th>what</th><th>text (decoded from the shard)</th></tr>{kept}</table>")
+            "written unchanged when none passes. Scores: shares 0-1 (loop, copied, repeats_context: lower is better; "
+            "names_dropped is the share of names kept, cosine the similarity: higher is better), counts of facts "
+            "dropped or invented, the length ratio; a multi-chunk rewrite's scores are its chunks' mean.</p>" + chart)
+
+
+def passed_row(rewrite: dict[str, Any], source: str) -> str:
+    return (f"<tr><td>{escape(rewrite['id'])}</td><td>{escape(rewrite['style'])}<br>passed "
+            f"({rewrite['chunks']} chunk{'s' if rewrite['chunks'] > 1 else ''})</td><td><pre>{escape(source[:1200])}</pre></td><td><pre>{escape(rewrite['text_head'])}</pre>"
+            f"</td><td><pre class='scores'>{escape(score_lines(rewrite['scores']))}</pre></td></tr>")
+
+
+def score_lines(scores: dict[str, float]) -> str:
+    return "\n".join(f"{check} {value:g}" for check, value in scores.items())
 
 
 def written_role(doc_id: str, unchanged: set[str]) -> str:
@@ -159,11 +204,11 @@ def written_role(doc_id: str, unchanged: set[str]) -> str:
 
 def rephrase_row(record: dict[str, Any], source: str) -> str:
     note = record.get("notes", {}).get("rephrase", {})
-    scores = "\n".join(f"{a.get('style')}: {a.get('detail', '')}\n{json.dumps(a.get('scores', {}))}"
-                       for a in note.get("attempts", []))
+    scores = "\n\n".join(f"{a.get('style')}: {a.get('detail', '')}\n{score_lines(a.get('scores') or {})}"
+                         for a in note.get("attempts", []))
     return (f"<tr><td>{escape(record['id'])}</td><td>{escape(note.get('style', '?'))}<br>{escape(record['reject'])}"
             f"</td><td><pre>{escape(source[:1200])}</pre></td><td><pre>{escape(record.get('text', '')[:1200])}</pre>"
-            f"</td><td><pre>{escape(scores)}</pre></td></tr>")
+            f"</td><td><pre class='scores'>{escape(scores)}</pre></td></tr>")
 
 
 def unique(pieces: list[Piece]) -> list[Piece]:
@@ -256,23 +301,40 @@ def sample_section(run: RunFiles) -> str:
 
 
 def time_section(run: RunFiles) -> str:
-    wall = run.stats.get("wall_s", 0.0)
-    packing = max((p.get("wall_s", 0.0) for p in run.stats.get("phases", {}).values()), default=0.0)
-    records = sum(run.stats.get("records_in", {}).values())
-    bars = charts.bar_chart("Wall time per step", [("read + stages (to tokens)", round(wall - packing, 2)),
-                                                  ("packing + shards", round(packing, 2)), ("whole run", wall)],
-                            "seconds")
+    return time_lines(run.stats) + time_bars(run.stats)
+
+
+def time_lines(stats: dict[str, Any]) -> str:
+    """Records/s and tokens/s per stage over the run (stats.json `throughput`: timeline.throughput)."""
+    timeline = stats.get("throughput")
+    if not timeline:
+        return "<p class='note'>This run's stats.json has no throughput over time (a run of an older version).</p>"
+    step = timeline["bin_s"]
+    return (charts.stage_lines("Records per second over time, per stage (each row scaled to its peak)",
+                               timeline["records_per_s"], step, "records/s")
+            + charts.line_chart("Tokens per second over time, per stage (stages from tokenize on)",
+                                timeline["tokens_per_s"], step, "tokens/s")
+            + f"<p class='note'>Each stage's records and tokens spread evenly over the time its batches took in "
+            f"each partition, in {len(next(iter(timeline['records_per_s'].values()), []))} bins of {step:,.3g} s. "
+            "\"pack PHASE\" is a curriculum phase's packing and shard writing.</p>")
+
+
+def time_bars(stats: dict[str, Any]) -> str:
+    wall = stats.get("wall_s", 0.0)
+    records = sum(stats.get("records_in", {}).values())
+    spans = charts.bar_chart("Wall time per stage: its first batch's start to its last batch's end",
+                             [*stats.get("stage_wall_s", {}).items(), ("whole run", wall)], "seconds (stages overlap)")
     rates = charts.bar_chart("Throughput over the whole run",
                              [("records/s", round(records / wall, 1) if wall else 0),
-                              ("tokens/s (thousands)", round(run.stats.get("tokens", 0) / wall / 1000, 1) if wall else 0)],
+                              ("tokens/s (thousands)", round(stats.get("tokens", 0) / wall / 1000, 1) if wall else 0)],
                              "per second")
-    busy = run.stats.get("stage_busy_s", {})
-    stages = run.stats.get("stages", {})
+    busy = stats.get("stage_busy_s", {})
+    stages = stats.get("stages", {})
     per_stage = charts.bar_chart("Worker time per stage (summed over workers)", list(busy.items()), "seconds")
     speed = charts.bar_chart("Records per worker-second, per stage", [
         (stage, round(stages[stage]["in"] / seconds, 1)) for stage, seconds in busy.items() if seconds and stage in stages],
         "records per second of one worker")
-    return (bars + rates + per_stage + speed + "<p class='note'>Worker time is each batch's time in a stage, summed "
+    return (spans + rates + per_stage + speed + "<p class='note'>Worker time is each batch's time in a stage, summed "
             "over the workers that ran it: on N busy workers it runs N times faster than the wall clock. Stages that "
             "pass a source's documents by count them, and their time, too.</p>")
 
@@ -280,6 +342,6 @@ def time_section(run: RunFiles) -> str:
 TITLES = {"flow": "Flow: records per stage and per reject reason", "text": "Text: lengths, languages, quality, "
           "duplicates, PII", "rephrase": "Rephrasing: rewrites and their fidelity", "renders": "Renders: code beside "
           "its image", "tokens": "Tokens: per source and phase, budgets, fill, lengths", "sample": "One packed sample",
-          "time": "Time"}
+          "time": "Time: throughput over time and wall time per stage"}
 BUILDERS = {"flow": flow, "text": text_section, "rephrase": rephrase_section, "renders": renders_section,
             "tokens": tokens_section, "sample": sample_section, "time": time_section}

@@ -15,7 +15,10 @@ passing rewrites are new records whose derived_from names the original. When no 
 (or the document is over max_chunks), the original is written unchanged (on_failure:
 keep_original) unless the recipe says on_failure: reject. Every failed rewrite is a created
 record rejected under its reason, its text the rewrite as far as it got, with every attempt's
-scores and answer in notes["rephrase"], so rejects.jsonl shows what the gate refused.
+scores and answer in notes["rephrase"], so rejects.jsonl shows what the gate refused; a passing
+rewrite keeps its chunks' scores there too; every rewrite keeps its source's head (the original's
+text is gone where a rewrite replaced it), and stats.json keeps a sample of the passed ones with
+their scores for the run report (RunStats.rewrites).
 With keep_originals=true the original passes unchanged and all K rewrites are created.
 """
 from __future__ import annotations
@@ -36,6 +39,7 @@ from datapipe.llm.styles import StyleConfig, eligible_styles, load_styles, style
 from datapipe.schema import Document
 from datapipe.stage import StageConfig
 
+SOURCE_HEAD = 600  # characters of the source kept in each rewrite's notes (the run report shows them beside it)
 CONTEXT_TEMPLATE = ("Here is the previous part of your rewrite, for continuity. Do not repeat it:\n{context}\n\n"
                     "Now rewrite the next part in the same way.\n{text}")
 
@@ -158,7 +162,8 @@ def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list
 
 def derived_record(doc: Document, index: int) -> Document:
     """A new record from `doc`; it starts its own stage history (the stages before were counted on doc)."""
-    record = copy.deepcopy({**doc, "tokens": [], "media": [], "transforms": [], "bytes_in": {}, "busy_us": {}})
+    record = copy.deepcopy({**doc, "tokens": [], "media": [], "transforms": [], "bytes_in": {}, "busy_us": {},
+                                "stage_ms": {}})
     record["id"] = f"{doc['id']}#rephrase{index}"
     record["derived_from"] = doc["id"]
     return record
@@ -169,6 +174,7 @@ def apply_slot(record: Document, slot: Slot, index: int, source_id: str, provena
         "source_id": source_id, "rewrite": index, "style": slot.style.name, **provenance,
         "chunks": len(slot.chunks), "fidelity": slot.scores, "attempts": slot.attempts,
         "output_tokens": slot.output_tokens,
+        "source_head": "".join(slot.chunks)[:SOURCE_HEAD],  # the report shows it beside the rewrite
     }
     if slot.reason:
         record["reject"] = f"rephrase.{slot.reason}"
