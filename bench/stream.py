@@ -2,6 +2,7 @@
 
     make bench-deps   # once: webdataset's and MosaicML streaming's peers
     .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 8192] [--per-shard 1024] [--rounds 5]
+    .venv/bin/python bench/stream.py --check-cost   # the digest check alone, on and off (check_cost below)
 
 Writes packed samples (lognormal document lengths, as the packer makes them) with our
 ShardWriter, converts the same samples to MDS for MosaicML streaming, warms the page cache,
