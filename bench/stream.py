@@ -2,6 +2,7 @@
 
     make bench-deps   # once: webdataset's and MosaicML streaming's peers
     .venv/bin/python bench/stream.py [--seq-len 8192] [--samples 8192] [--per-shard 1024] [--rounds 5]
+    .venv/bin/python bench/stream.py --check-cost   # the digest check alone, on and off (check_cost below)
 
 Writes packed samples (lognormal document lengths, as the packer makes them) with our
 ShardWriter, converts the same samples to MDS for MosaicML streaming, warms the page cache,
@@ -66,6 +67,13 @@ OURS = {  # loader name -> datapipe.stream options
     "ours_batched_arrays_unchecked": {"batch_size": BATCH, "position_ids": False, "fields": ARRAYS,
                                       "check_samples": False},
 }
+# --check-cost: loaders with the digest check on and their twins with it off. "collated" consumers copy each
+# batch into one array (a trainer's collate: torch.stack), reading every token as training does, where the
+# others read one token a sample; "cold" ones read with the page cache dropped, as shards come in a long run
+CHECKED = {"ours_same_work": "ours_unchecked", "ours_batched_arrays": "ours_batched_arrays_unchecked",
+           "ours_collated": "ours_collated_unchecked", "ours_cold": "ours_cold_unchecked"}
+CHECK_TWINS = {"ours_collated": {"position_ids": False}, "ours_cold_unchecked": OURS["ours_unchecked"],
+               "ours_collated_unchecked": OURS["ours_unchecked"]}
 PEERS = ("webdataset", "streaming")
 COLD = ("raw_cold", "ours_cold")  # read from disk: timed with collection on only
 
@@ -150,6 +158,18 @@ def consume(samples, key: str, seq_len: int) -> int:
     return count
 
 
+def consume_collated(samples, key: str, seq_len: int) -> int:
+    """A trainer's collate: each batch of BATCH samples copied into one [BATCH, seq_len] array."""
+    batch, count, out = [], 0, np.empty((BATCH, seq_len), dtype=np.uint32)
+    for sample in samples:
+        batch.append(sample[key])
+        count += 1
+        if len(batch) == BATCH:
+            np.stack(batch, out=out)
+            batch = []
+    return count
+
+
 def consume_batches(batches, key: str, seq_len: int) -> int:
     """The trainer's side of a batched loader (batch_size=BATCH): [BATCH, seq_len] token arrays."""
     count, checksum = 0, 0
@@ -164,6 +184,8 @@ def consume_batches(batches, key: str, seq_len: int) -> int:
 
 def open_loader(name: str, work: Path):
     """(iterable, token key, consumer) of a loader, its imports done (the child's untimed part)."""
+    if name in CHECK_TWINS:
+        return stream(work / "main", **CHECK_TWINS[name]), "tokens", consume_collated if "collated" in name else consume
     if name in OURS:
         folder = work / ("walk" if name == "ours_walk" else "main")
         eat = consume_batches if "batch_size" in OURS[name] else consume
@@ -305,12 +327,39 @@ def report(rates: dict[str, float], loads: list[float], resume: float, seq_len: 
           f"seq_len={seq_len} samples={n} load={min(loads):.1f}-{max(loads):.1f}")
 
 
+def check_cost(work: Path, seq_len: int, samples: int, per_shard: int, rounds: int) -> None:
+    """The digest check alone: each CHECKED loader and its unchecked twin in turn, in fresh processes,
+    gc off (the loaders' own time), for `rounds` rounds; the share of the loop's wall time and of its
+    CPU time (all threads) the check takes, medians."""
+    write_ours(work / "main", make_samples(seq_len, samples), per_shard)
+    files = [str(path) for path in (work / "main").iterdir()]
+    names = [name for pair in CHECKED.items() for name in pair]
+    runs, loads = {name: [] for name in names}, [os.getloadavg()[0]]
+    for _ in range(rounds + 1):  # the first round warms the page cache and the imports: not counted
+        for name in names:
+            if "cold" in name:
+                drop_from_page_cache(files)
+            runs[name].append(run_child(name, work, "off", seq_len, samples))
+    loads.append(os.getloadavg()[0])
+    costs = {}
+    for checked, unchecked in CHECKED.items():
+        label = checked.removeprefix("ours_").replace("same_work", "per_sample")
+        for what, column in (("", 0), ("_cpu", 2)):
+            on, off = (statistics.median(r[column] for r in runs[name][1:]) for name in (checked, unchecked))
+            costs[f"check_cost_{label}{what}"] = 1 - off / on
+            print(f"{checked:>24}{what or '_wall'}: {on:.3f} s checked, {off:.3f} s unchecked", file=sys.stderr)
+    print("bench stream_check: " + " ".join(f"{k}={v:.3f}" for k, v in costs.items())
+          + f" seq_len={seq_len} samples={samples} per_shard={per_shard} rounds={rounds}"
+          f" load={min(loads):.1f}-{max(loads):.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--samples", type=int, default=8192)
     parser.add_argument("--per-shard", type=int, default=1024, help="samples a shard (datapipe run's default: 1024)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of every loader and gc mode")
+    parser.add_argument("--check-cost", action="store_true", help="time only the digest check on and off")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one timed run: bench/stream.py starts these itself
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--gc", default="on", help=argparse.SUPPRESS)
@@ -318,6 +367,11 @@ def main() -> None:
     if args.child:
         return child(args.child, Path(args.work), args.gc, args.seq_len, args.samples)
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
+    if args.check_cost:
+        try:
+            return check_cost(work, args.seq_len, args.samples, args.per_shard, args.rounds)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     try:
         files, phase_files = prepare(work, args.seq_len, args.samples, args.per_shard)
         n = read_manifest(work / "main")["samples"]

@@ -38,9 +38,10 @@ MEDIA_PLACEHOLDER = "<|media|>"
 class Document(TypedDict):
     """One document: a web page's text, a math note, an SVG program, a CAD script..."""
 
-    id: str  # globally unique: "<source>/<source_id>", or a derived id for rewrites and renders
+    id: str  # unique in the run: "<source>/<source_id>", with an id_field "<source>/<value>@<partition>:<record>"
+    # (datapipe.pipeline.inputs.unique_ids), or a derived id for rewrites and renders
     source: str  # the recipe source it came from ("pydoc", "web")
-    source_id: str  # where in that source: "file.jsonl.gz:1234", a URL, a generator index
+    source_id: str  # where in that source: "file.jsonl.gz:1234", a URL, a generator index, or its id_field value
     kind: str  # one of KINDS; decides which renderer (if any) applies
     text: str  # the text, or the code/markup for kinds a renderer draws
     media: list[bytes]  # encoded images (PNG), one per MEDIA_PLACEHOLDER in text, in order; [] for plain text

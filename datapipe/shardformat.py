@@ -58,9 +58,15 @@ IMAGE_SUFFIXES = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff")
 
 def sample_digest(data) -> int:
     """A sample's digest as the index keeps it: xxh3 (64 bits) of its bytes in the shard."""
+    return digest_function()(data)
+
+
+@lru_cache(maxsize=1)
+def digest_function():
+    """sample_digest's hash itself, for callers that hash thousands of samples in a loop."""
     import xxhash
 
-    return xxhash.xxh3_64_intdigest(data)
+    return xxhash.xxh3_64_intdigest
 
 
 def run_phases(run: dict[str, Any]) -> list[dict[str, Any]]:

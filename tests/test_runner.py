@@ -17,7 +17,8 @@ from datapipe.text.normalize import make_stage as make_normalize
 from tests.conftest import WORDS, tiny_recipe, write_jsonl
 from tokenizer.bpe import load_tokenizer
 
-GOOD = [{"id": f"g{i}", "text": " ".join(WORDS[i % 7 :]) * (1 + i % 5)} for i in range(40)]
+# ids repeat, as a source's id_field may: within mixed.jsonl (g0-g4 twice) and across files (g5-g14 in more.jsonl.gz)
+GOOD = [{"id": f"g{i % 15}", "text": " ".join(WORDS[i % 7 :]) * (1 + i % 5)} for i in range(40)]
 BAD = [b'{"id": "cut", "text": "no end', b'{"id": "latin1", "text": "caf\xe9"}', b'{"id": "empty", "text": " "}',
        b'{"id": "notext"}']
 
@@ -73,12 +74,23 @@ def test_every_token_comes_back_from_the_shards(finished_run, tiny_tokenizer):
             pieces.setdefault(doc_id, []).append((offset, sample["tokens"][start : start + length]))
             start += length
     eos = tokenizer.token_to_id("<|eos|>")
-    for row in GOOD:
+    for row, doc_id in zip(GOOD, GOOD_IDS):
         text = normalize([new_document("web", row["id"], row["text"])])[0]["text"]
-        doc_id = next(k for k in pieces if k.endswith("/" + row["id"]))
         expected = tokenizer.encode(text, add_special_tokens=False).ids + [eos]
         assert np.concatenate([t for _, t in sorted(pieces[doc_id], key=lambda p: p[0])]).tolist() == expected
     assert sum(k.startswith("code/") for k in pieces) == 30
+
+
+# a document's id: <source>/<id_field value>@<partition>:<record> (mixed.jsonl is partition 0, more.jsonl.gz 1,
+# missing.jsonl 2, rest.parquet 3)
+GOOD_IDS = ([f"web/{r['id']}@0:{i}" for i, r in enumerate(GOOD[:20])] + [f"web/{r['id']}@1:{i}" for i, r in
+            enumerate(GOOD[20:30])] + [f"table/{r['id']}@3:{i}" for i, r in enumerate(GOOD[30:])])
+
+
+def test_repeated_id_field_values_give_unique_ids_in_the_shards(finished_run):
+    doc_ids = {doc_id for sample in stream(finished_run / "main") for doc_id in sample["doc_ids"]}
+    assert {d for d in doc_ids if not d.startswith("code/")} == set(GOOD_IDS)
+    assert len(set(GOOD_IDS)) == len(GOOD) > len({(r["id"], i < 30) for i, r in enumerate(GOOD)})
 
 
 def test_run_json_lists_the_curriculum_and_the_run_folder_streams(finished_run):

@@ -10,7 +10,7 @@ import zstandard
 from pydantic import TypeAdapter
 
 from datapipe.pipeline.check import list_inputs
-from datapipe.pipeline.inputs import iter_recipe_documents, read_work_item, work_items
+from datapipe.pipeline.inputs import iter_recipe_documents, read_partition, read_work_item, work_items
 from datapipe.pipeline.recipe import RecipeError, SourceConfig, validate_recipe
 from datapipe.pipeline.registry import FILE_READERS
 from datapipe.readers.files import read_files
@@ -44,6 +44,15 @@ def test_jsonl_good_and_bad_lines(tmp_path):
     rejects = [d for d in docs if d["reject"]]
     assert [d["reject"] for d in rejects] == BAD_REASONS  # the blank line is no record
     assert rejects[0]["source_id"] == f"{path}:6"  # file and 1-based line of the bad record
+
+
+def test_repeated_id_field_values_give_unique_ids_and_keep_the_value(tmp_path):
+    rows = [{"id": "same", "text": f"copy {i}"} for i in range(3)]
+    path = write_jsonl(tmp_path / "a.jsonl", rows, [b'{"id": "same"}'])
+    docs = list(read_partition(source(id_field="id"), 0, {"path": str(path)}, partition=7))
+    assert [d["id"] for d in docs[:3]] == ["web/same@7:0", "web/same@7:1", "web/same@7:2"]
+    assert [d["source_id"] for d in docs[:3]] == ["same"] * 3 and docs[0]["meta"]["id"] == "same"
+    assert docs[3]["reject"] == "read.missing_text" and docs[3]["id"] == f"web/{path}:4"  # positional already
 
 
 def test_jsonl_without_id_field_uses_file_and_line(tmp_path):

@@ -328,6 +328,6 @@ def test_cleaning_recipe_end_to_end_on_ray(tmp_path, tiny_tokenizer, ray_session
     assert rules["quality.gopher_repetition"] == {**rules["quality.gopher_repetition"], "in": quality_in, "dropped": 1}
     assert rules["quality.gopher_quality"]["in"] == rules["quality.fineweb"]["kept"] == quality_in - 1
     assert stats["pii_redactions"] == {"email": 1}  # "bob@example.com" in the "mail" document
-    rejects = {r["id"]: r for r in read_rejects(tmp_path / "out")}
-    assert rejects["docs/copy-of-warc-0"]["notes"]["dedup"]["cluster"].startswith("crawl/")
-    assert rejects["docs/dup"]["notes"]["dedup"] == {"cluster": "docs/j0", "size": 2}
+    rejects = {r["source_id"]: r for r in read_rejects(tmp_path / "out") if r["source"] == "docs"}
+    assert rejects["copy-of-warc-0"]["notes"]["dedup"]["cluster"].startswith("crawl/")
+    assert rejects["dup"]["notes"]["dedup"]["size"] == 2 and rejects["dup"]["notes"]["dedup"]["cluster"].startswith("docs/j0@")

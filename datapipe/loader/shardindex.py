@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from datapipe.shardformat import READABLE_FORMATS, sample_digest
+from datapipe.shardformat import READABLE_FORMATS, digest_function
 
 try:
     from orjson import loads as json_loads  # 3-5x faster than json on index files and sample headers
@@ -165,14 +165,16 @@ def digest_table(index: dict[str, Any], samples: int, length: int) -> tuple[np.n
 
 def damaged_samples(buffer, index: ShardIndex, start: int, stop: int) -> list[int]:
     """The samples start..stop-1 whose bytes (tar headers, members, padding) differ from the digest
-    the writer recorded: a flipped bit, a damaged disk. About 4 us a sample at 8K tokens (40 KB) of
-    a prefetch thread, which xxh3 runs without the GIL. None for an index without digests."""
+    the writer recorded: a flipped bit, a damaged disk. One pass over the bytes in a prefetch thread
+    (xxh3 drops the GIL), bound by memory, not by Python: at 8K tokens (45 KB a sample) 1.8 us a
+    sample from the CPU cache, 5-8 us from memory on our loaded 2-core box, where hashing the whole
+    shard in one call saves only 0.3 us. [] for an index without digests."""
     if index.digests is None:
         return []
-    view = memoryview(as_array(buffer))
+    hash_of, view = digest_function(), memoryview(as_array(buffer))
     bounds, digests = index.digests[0][start : stop + 1].tolist(), index.digests[1][start:stop].tolist()
     return [start + number for number, (lo, hi, digest) in enumerate(zip(bounds, bounds[1:], digests))
-            if sample_digest(view[lo:hi]) != digest]
+            if hash_of(view[lo:hi]) != digest]
 
 
 def member_table(index: dict[str, Any], samples: int) -> tuple[dict[str, int], np.ndarray]:

@@ -91,10 +91,23 @@ def plan_partitions(recipe: Any, inputs: dict[str, list[dict[str, Any]]]) -> lis
     return plan
 
 
-def read_partition(source: Any, seed: int, item: dict[str, Any]) -> Iterator[Document]:
-    """The documents of one planned partition (plan_partitions), its source's limit applied."""
+def read_partition(source: Any, seed: int, item: dict[str, Any], partition: int) -> Iterator[Document]:
+    """The documents of one planned partition (plan_partitions, number `partition`), its source's limit
+    applied, ids made unique (unique_ids)."""
     if "paths" in item:
         documents = (doc for path in item["paths"] for doc in read_work_item(source, seed, {**item, "path": path}))
     else:
         documents = read_work_item(source, seed, item)
-    return islice(documents, source.limit) if source.limit else documents
+    documents = islice(documents, source.limit) if source.limit else documents
+    return unique_ids(documents, partition) if getattr(source, "id_field", None) else documents
+
+
+def unique_ids(docs: Iterator[Document], partition: int) -> Iterator[Document]:
+    """A source's id_field may repeat (two files of one dataset, a row written twice), and the id of a
+    document must not: a live document's id gets its place in the run, `<source>/<value>@<partition>:<record>`,
+    unique by construction with no run-wide pass (the readers run in parallel, one task a partition) and
+    the same on every rerun and resume. `source_id` keeps the source's own value."""
+    for record, doc in enumerate(docs):
+        if not doc["reject"]:  # a reader's reject has a positional id (file:line), unique already
+            doc["id"] = f"{doc['id']}@{partition}:{record}"
+        yield doc

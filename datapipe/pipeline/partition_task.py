@@ -48,7 +48,7 @@ class PartitionJob:
 def run_partition(job: PartitionJob) -> Partition:
     """A Ray task: the partition read, staged and committed; its marker's contents returned."""
     log, committed = PartitionLog(job.settings.work), None
-    documents = read_partition(job.source, job.settings.seed, job.item)
+    documents = read_partition(job.source, job.settings.seed, job.item, job.index)
     for block in numbered_blocks(documents, job.index, READ_BATCH):
         for row in commit_documents(run_stages(block, job.stages), job.settings):
             committed = log.add(row) or committed

@@ -71,7 +71,7 @@ class TabularSource(FileSource):
 
     type: Literal["jsonl", "parquet", "hf_disk"]
     text_field: str = "text"  # the column/key that holds the text or code
-    id_field: str | None = None  # the column that holds a stable id; None uses file:position
+    id_field: str | None = None  # the column that holds the source's id (source_id; may repeat); None uses file:position
     kind: Kind = "text"  # Document.kind for every row
 
 

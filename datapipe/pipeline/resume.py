@@ -25,7 +25,7 @@ from typing import Any
 
 from datapipe.pipeline.recipe import Recipe, RecipeError
 from datapipe.shardformat import RUN_MANIFEST
-from datapipe.storage import Store
+from datapipe.storage import Store, remove_temporaries
 
 RECIPE = "recipe.json"
 WORK = "_work"
@@ -58,6 +58,7 @@ class RunFolder:
         """The attempt's first write, once every check has passed."""
         if self.restart:
             self.target.remove("")
+        remove_temporaries(self.target.location)  # a killed attempt's half-written files (a rejects file's .tmp)
         self.target.write_bytes(RECIPE, self.recipe)
         if self.work.read_text(PLAN) is None:
             self.work.write_bytes(PLAN, json.dumps(plan).encode())

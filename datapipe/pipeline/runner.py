@@ -399,7 +399,7 @@ def read_items(items, source, seed: int) -> Iterator[Any]:
     """A Ray task: read one partition, yield Arrow blocks of its documents, numbered; the last block
     ends with the row that closes the partition (datapipe.pipeline.partitions.end_row)."""
     for item in items.to_pylist():
-        for block in numbered_blocks(read_partition(source, seed, item), item["partition"], READ_BATCH):
+        for block in numbered_blocks(read_partition(source, seed, item, item["partition"]), item["partition"], READ_BATCH):
             yield docs_to_table(block)
 
 
