@@ -19,9 +19,11 @@ Layers, each enough on its own for what it targets:
   a child that ran past `timeout_s` (or RLIMIT_CPU), a fork storm's orphans, a process that left
   the child's group. A worker that dies is restarted by renderers.sandbox.Sandbox.
 
-Cost: one fork a script from a warm worker (gc.freeze() first, so the child's collections do not
-copy the worker's heap), a mount namespace and an overlay: ~50 ms of CPU a script over running it
-bare in a warm process, 1.43x on real scripts (bench/render_cad.py; the target was 1.2x).
+Cost, over running the same script bare in a warm process (bench/render_cad.py, 11 real scripts):
+one fork of a ~550 MB worker, the child's first touch of what it uses (copy-on-write faults), its
+exit, a mount namespace and an overlay. settle_worker halves fork and exit (huge pages) and takes
+first-use work out of the child (a warm-up script): 1.45x -> 1.35x (target 1.2x: not met; the rest is
+copy-on-write faults of the objects a script touches, which Python 3.11's refcounts write).
 """
 from __future__ import annotations
 
