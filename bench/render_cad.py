@@ -20,6 +20,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -90,19 +91,25 @@ def sandboxed_run_cpu(renderer: CadRenderer, path: Path, options: RenderOptions)
 
 
 def bare_run_cpu(path: Path) -> float | None:
-    """CPU of the same script run bare here: exec + tessellation + GLB, no fork, no sandbox."""
+    """CPU of the same script run bare here: exec + tessellation + GLB, no fork, no sandbox. It runs in a
+    scratch copy of its folder (the sandbox's overlay does the same): scripts export result.step and the
+    like beside themselves, and a file left in the shared data is one the next sandboxed run cannot write
+    over (its copy belongs to root)."""
     code = path.read_text("utf-8", "replace")
-    header = {"dialect": dialect_of(code, path.name), "name": path.name, "asset_dir": str(path.parent),
-              "libraries": []}
-    cwd, start = os.getcwd(), time.process_time()
-    try:
-        os.chdir(path.parent)
-        python_job(header, code)
-    except BaseException:  # noqa: BLE001 - any failure: the pair is left out of the comparison
-        return None
-    finally:
-        os.chdir(cwd)
-    return time.process_time() - start
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch) / path.parent.name
+        shutil.copytree(path.parent, work, symlinks=True)
+        header = {"dialect": dialect_of(code, path.name), "name": path.name, "asset_dir": str(work), "libraries": []}
+        cwd, start = os.getcwd(), time.process_time()
+        try:
+            os.chdir(work)
+            python_job(header, code)
+        except BaseException:  # noqa: BLE001 - any failure: the pair is left out of the comparison
+            return None
+        finally:
+            os.chdir(cwd)
+            sys.path[:] = [entry for entry in sys.path if not entry.startswith(scratch)]  # python_job added it
+        return time.process_time() - start
 
 
 def openscad_bare_cpu(path: Path) -> float:

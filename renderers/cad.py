@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from renderers.base import Render, RenderError, RenderOptions
-from renderers.codebox import CodeSandbox, python_roots, run_child
+from renderers.codebox import CodeSandbox, python_roots, run_child, settle_worker
 from renderers.mesh import MeshRenderer
 from renderers.sandbox import Limits
 
@@ -37,6 +37,33 @@ NPROC = 32  # processes (and threads) of a script's uid: OpenSCAD and OCCT use a
 BUILD123D_NAMES = re.compile(r"\bBuild(?:Part|Sketch|Line)\b|\b(?:Box|Cylinder|Sphere|Rectangle|Circle)\(")
 STL_RECORD = [("normal", "<f4", 3), ("v", "<f4", (3, 3)), ("attribute", "<u2")]  # a binary STL's triangle, 50 bytes
 TOLERANCE = 1e-3  # tessellation deflection, as a fraction of the part's bounding-box diagonal
+# Run once by each Python worker (codebox.settle_worker): sketch, extrude, revolve, fillet, chamfer, a cut,
+# transforms, tessellation and GLB export, so that every child finds them warm. Serial operations only:
+# CadQuery's and build123d's own booleans run in parallel, and OCCT's thread pool must not start in the worker.
+WARM_UP = {"cadquery": """import cadquery as cq
+from OCP.BRepAlgoAPI import BRepAlgoAPI_Cut
+plate = cq.Workplane("XY").box(30, 20, 10).edges("|Z").fillet(2).faces(">Z").chamfer(0.5)
+peg = cq.Workplane("XY").center(5, 0).circle(4).extrude(15)
+ring = cq.Workplane("XZ").center(8, 0).rect(3, 3).revolve(360, (-8, 0, 0), (-8, 1, 0))
+body = plate.val()
+show_object(body._bool_op((body,), (peg.val(), ring.val()), BRepAlgoAPI_Cut(), parallel=False))
+show_object(cq.Workplane("XY").polygon(6, 10).extrude(3).translate((0, 0, 12)).rotate((0, 0, 0), (0, 0, 1), 30))
+""", "build123d": """from build123d import *
+with BuildPart() as block:
+    Box(30, 20, 10)
+    fillet(block.edges().filter_by(Axis.Z), radius=2)
+    chamfer(block.edges().group_by(Axis.Z)[-1], length=0.5)
+with BuildSketch() as profile:
+    RegularPolygon(5, 6)
+with BuildPart() as post:
+    extrude(profile.sketch, amount=5)
+with BuildPart() as ring:
+    with BuildSketch(Plane.XZ):
+        with Locations((8, 0)):
+            Rectangle(3, 3)
+    revolve(axis=Axis.Z)
+show_object([block, Pos(0, 0, 12) * post.part, ring])
+"""}
 
 
 def dialect_of(code: str, name: str) -> str:
@@ -272,14 +299,18 @@ def tessellate(shape):
 
 
 def preload() -> None:
-    """Import the worker's kernel while trusted (the dialect is the target's suffix: `serve TARGET ...`)."""
-    import trimesh
-
-    trimesh.Scene([trimesh.creation.box()]).export(file_type="glb")  # the exporter's lazy imports
+    """Import the worker's kernel while trusted (the dialect is the target's suffix: `serve TARGET ...`),
+    then warm and settle it for forking (codebox.settle_worker). The OpenSCAD worker imports no trimesh
+    (its children run a program and sort an STL with numpy): 25 MB of heap to copy a fork, not 70."""
     target = next((arg for arg in sys.argv if arg.startswith("renderers.")), "")
-    if target.endswith("_cadquery"):
-        import cadquery  # noqa: F401
-        import OCP.BRepMesh  # noqa: F401
-    elif target.endswith("_build123d"):
+    dialect = target.rsplit("_", 1)[-1]
+    import numpy  # noqa: F401 - canonical_stl; before the warm-up: its BLAS starts threads on import
+    if dialect == "openscad":
+        settle_worker()
+        return
+    import cadquery  # noqa: F401 - build123d scripts may use cq too
+    import trimesh  # noqa: F401 - to_glb; also before the warm-up (scipy's BLAS threads)
+    if dialect == "build123d":
         import build123d  # noqa: F401
-        import cadquery  # noqa: F401 - build123d scripts that also use cq
+    header = {"dialect": dialect, "name": "warm_up.py", "asset_dir": "", "libraries": []}
+    settle_worker(lambda: python_job(header, WARM_UP[dialect]))

@@ -20,7 +20,7 @@ from typing import Any
 
 from renderers.base import Render, RenderError, RenderOptions
 from renderers.cad import ProgramRenderer
-from renderers.codebox import run_child
+from renderers.codebox import run_child, settle_worker
 
 LANGUAGE = ("Python (trimesh)", "python")
 THREE_LANGUAGE = ("three.js", "javascript")
@@ -97,3 +97,4 @@ def preload() -> None:
     box = trimesh.creation.box()
     box.difference(trimesh.creation.icosphere(1, radius=0.7))  # the boolean path's lazy imports
     trimesh.Scene([box]).export(file_type="glb")
+    settle_worker()
