@@ -57,6 +57,7 @@ class Request:
     max_new_tokens: int
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
+    priority: int = 0  # lower goes first when requests wait for a free slot: a started document's next chunk before a new one
 
 
 @dataclass

@@ -149,6 +149,12 @@ def check(source: str, rewrite: str, cfg: FidelityConfig, context: str = "", fin
     return verdict
 
 
+def check_many(cfg: FidelityConfig, items: list[tuple]) -> list[Verdict]:
+    """check(source, rewrite, cfg, context, finish_reason, target_language) for each item: one call
+    per batch, so the rewriter's worker process pays one round trip for many chunks."""
+    return [check(source, rewrite, cfg, *rest) for source, rewrite, *rest in items]
+
+
 def check_facts(said: facts.Facts, wrote: facts.Facts, cfg: FidelityConfig, mark, names: bool = True) -> None:
     dropped, invented = facts.unmatched(said.quantities, wrote.quantities), facts.unmatched(wrote.quantities,
                                                                                              said.quantities)

@@ -35,7 +35,7 @@ from datapipe.llm.base import (
     failed,
     finish,
 )
-from datapipe.llm.client import Breaker, Flight
+from datapipe.llm.client import Breaker, Flight, Limit
 
 CHARS_PER_TOKEN = 4.0  # English averages ~4 characters a token in Llama-family BPEs; Spanish ~3: a fallback only
 TRANSIENT = (urllib.error.URLError, http.client.HTTPException, socket.timeout, ConnectionError, TimeoutError)
@@ -108,7 +108,7 @@ class OpenAIClient:
         self.cfg, self.base, self.headers = cfg, base, headers
         self.flight = Flight()
         self.breaker = Breaker(cfg.breaker_window, min(10, cfg.breaker_window), cfg.max_error_rate, base)
-        self.limit = asyncio.Semaphore(cfg.concurrency)
+        self.limit = Limit(cfg.concurrency)
         self.session = None
         self.paused_until = 0.0  # monotonic time before which no request is sent (Retry-After)
         self.retries = 0
@@ -124,7 +124,7 @@ class OpenAIClient:
             while (wait := self.paused_until - time.monotonic()) > 0:
                 await asyncio.sleep(wait)
             try:
-                outcome = await self.send(body)
+                outcome = await self.send(body, request.priority)
                 break
             except Retry as retry:
                 outcome = failed(*retry.args[:2])
@@ -133,22 +133,23 @@ class OpenAIClient:
         self.breaker.record(outcome)
         return outcome
 
-    async def send(self, body: dict) -> Completion:
+    async def send(self, body: dict, priority: int = 0) -> Completion:
         import aiohttp
 
         if self.session is None:
             self.session = aiohttp.ClientSession(headers=self.headers, timeout=aiohttp.ClientTimeout(
                 total=self.cfg.timeout_s), connector=aiohttp.TCPConnector(limit=self.cfg.concurrency))
-        async with self.limit:
-            self.flight.change(+1)
-            try:
-                async with self.session.post(self.base + "/chat/completions", json=body) as reply:
-                    payload = await reply.read()
-                    status, retry_after = reply.status, reply.headers.get("Retry-After")
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-                raise Retry(BACKEND_ERROR, f"{type(err).__name__}: {err}") from None
-            finally:
-                self.flight.change(-1)
+        await self.limit.acquire(priority)
+        self.flight.change(+1)
+        try:
+            async with self.session.post(self.base + "/chat/completions", json=body) as reply:
+                payload = await reply.read()
+                status, retry_after = reply.status, reply.headers.get("Retry-After")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            raise Retry(BACKEND_ERROR, f"{type(err).__name__}: {err}") from None
+        finally:
+            self.flight.change(-1)
+            self.limit.release()
         if status != 200:
             self.pause(status, retry_after)
             return http_error(status, payload.decode("utf-8", "replace"))

@@ -5,8 +5,9 @@ every request carrying the previous rewritten chunk(s) as context, as Kimi K2 re
 documents so that the pieces read as one text. Each slot is a coroutine: it sends its next chunk
 as soon as the previous one is back and judged, so a slow answer holds only its own document and
 the backend client keeps `concurrency` requests in flight (datapipe.llm.client). Each answer is
-judged by the gate (datapipe.llm.fidelity; the embedder runs in a worker thread, the LLM judge is
-one more request), then the slot advances, retries with a spare style (from chunk 0: a style
+judged by the gate (datapipe.llm.fidelity: the text checks in a worker process, ~2 ms of CPU a
+chunk that would otherwise hold the event loop, 40% of its core at 200 requests/s; the embedder in
+a worker thread; the LLM judge is one more request), then the slot advances, retries with a spare style (from chunk 0: a style
 change mid-document would not read as one text), or fails with the first failed check's name.
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Slot:
     reason: str = ""  # the final failure (a fidelity check's name, "backend_error"...), "" on success
     failed_text: str = ""  # the rewrite as far as it got, with the answer that failed: for the rejects file
     done: bool = False
+    priority: int = 0  # its requests' Request.priority: the rank of its length, longest 0
 
 
 @dataclass
@@ -49,6 +51,7 @@ class RewriteSettings:
     context_template: str  # {context}: previous rewritten chunk(s); {text}: the style's prompt for this chunk
     context_chunks: int = 1  # how many previous rewritten chunks ride along as context
     max_new_tokens: int = 512  # cap per chunk, whatever the style's length budget says
+    gate_processes: int = 0  # worker processes for the text checks; 0 = on the event loop
 
 
 class Rewriter:
@@ -58,6 +61,7 @@ class Rewriter:
         self.judge_backend = judge_backend or backend  # used only when settings.fidelity.judge is set
         self.settings = settings
         self.stats: dict = {}  # the last run's requests in flight (datapipe.llm.client.Flight)
+        self.pool = None  # the gate's worker processes, started at the first batch, kept warm for the next
 
     def run(self, slots: list[Slot]) -> None:
         """Every slot to its end; a BackendError (the circuit breaker) stops the run."""
@@ -67,29 +71,43 @@ class Rewriter:
         client = make_client(self.backend)
         judge = make_client(self.judge_backend) if self.judge_backend is not self.backend else client
         cosine = Gathered(self.cosines) if self.embedder else None
+        gate = Gathered(self.check_batch) if self.settings.gate_processes else None
+        rank_longest_first(slots)
         try:
             async with asyncio.TaskGroup() as group:
                 for slot in slots:
-                    group.create_task(self.rewrite(slot, client, judge, cosine))
+                    group.create_task(self.rewrite(slot, client, judge, cosine, gate))
         except* BackendError as errors:
             raise errors.exceptions[0] from None
         finally:
-            for closing in {client, judge, *([cosine] if cosine else [])}:
+            for closing in {client, judge, *[helper for helper in (cosine, gate) if helper]}:
                 await closing.close()
         self.stats = client.flight.stats()
         log.info("rephrase: %s", self.stats)
 
+    def check_batch(self, items: list[tuple]) -> list[fidelity.Verdict]:
+        """fidelity.check for each item, in the worker processes (spawned: forking a process that
+        runs threads, aiohttp's and the tokenizer's, can deadlock the child)."""
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(self.settings.gate_processes, multiprocessing.get_context("spawn"))
+        share = -(-len(items) // self.settings.gate_processes)
+        parts = [items[start : start + share] for start in range(0, len(items), share)]
+        return [v for part in self.pool.map(fidelity.check_many, [self.settings.fidelity] * len(parts), parts) for v in part]
+
     def cosines(self, pairs: list[tuple[str, str]]) -> list[float]:
         return self.embedder.cosine([source for source, _ in pairs], [rewrite for _, rewrite in pairs])
 
-    async def rewrite(self, slot: Slot, client, judge, cosine) -> None:
+    async def rewrite(self, slot: Slot, client, judge, cosine, gate) -> None:
         while not slot.done:
             request, context = self.request(slot)
             completion = await client.complete(request)
             if completion.error:
                 self.retry_or_fail(slot, completion.error, completion.detail, answer=completion.text)
                 continue
-            verdict = await self.judge(slot, completion, context, judge, cosine)
+            verdict = await self.judge(slot, completion, context, judge, cosine, gate)
             slot.output_tokens += completion.output_tokens
             self.advance(slot, completion.text, verdict)
 
@@ -101,20 +119,23 @@ class Rewriter:
             text = self.settings.context_template.format(context=context, text=text)
         budget = math.ceil(slot.style.length_budget * slot.chunk_tokens[k]) + 16
         messages = [{"role": "system", "content": slot.style.system}, {"role": "user", "content": text}]
-        request = Request(messages, min(budget, self.settings.max_new_tokens), slot.style.temperature, slot.style.top_p)
+        request = Request(messages, min(budget, self.settings.max_new_tokens), slot.style.temperature, slot.style.top_p,
+                          slot.priority)
         return request, context
 
-    async def judge(self, slot: Slot, completion: Completion, context: str, judge, cosine) -> fidelity.Verdict:
-        """The text checks here; the embedding in its worker thread; the LLM judge last (it costs a
-        request), each only for an answer that passed the checks before it."""
+    async def judge(self, slot: Slot, completion: Completion, context: str, judge, cosine, gate) -> fidelity.Verdict:
+        """The text checks first (in the gate's worker process, or here); the embedding in its worker
+        thread; the LLM judge last (it costs a request), each only for an answer that passed the
+        checks before it."""
         cfg, source = self.settings.fidelity, slot.chunks[len(slot.outputs)]
         target = "en" if slot.style.non_english_only else None  # the translating styles write English
-        verdict = fidelity.check(source, completion.text, cfg, context, completion.finish_reason, target)
+        item = (source, completion.text, context, completion.finish_reason, target)
+        verdict = await gate(item) if gate else fidelity.check_many(cfg, [item])[0]
         if not verdict.failed and cosine is not None:
             fidelity.add_cosine(verdict, round(await cosine((source, completion.text)), 4), cfg)
         if not verdict.failed and cfg.judge is not None:
             answer = await judge.complete(Request(fidelity.judge_messages(source, completion.text, cfg.judge),
-                                                  cfg.judge.max_new_tokens, 0.0))
+                                                  cfg.judge.max_new_tokens, 0.0, priority=slot.priority))
             fidelity.add_judge(verdict, answer.text if not answer.error else f"error: {answer.error}", cfg.judge)
         return verdict
 
@@ -136,3 +157,10 @@ class Rewriter:
             return
         slot.reason, slot.done = reason, True
         slot.failed_text = "\n\n".join([*slot.outputs, answer]).strip()
+
+
+def rank_longest_first(slots: list[Slot]) -> None:
+    """Longest rewrite first (priority 0): its chain of chunks, one latency each, starts at once
+    instead of trailing alone at the end of the batch (longest-processing-time-first scheduling)."""
+    for rank, slot in enumerate(sorted(slots, key=lambda slot: -sum(slot.chunk_tokens))):
+        slot.priority = rank

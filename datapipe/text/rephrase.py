@@ -57,6 +57,10 @@ class Config(StageConfig):
     on_failure: Literal["keep_original", "reject"] = "keep_original"  # no rewrite passed: write the original, or reject it
     style_retries: int = Field(1, ge=0)  # spare styles tried after a fidelity failure or an empty answer
     fidelity: FidelityConfig = FidelityConfig()
+    # The gate's text checks (~2 ms of CPU a chunk) in worker processes, off the event loop that
+    # keeps the server full; None = 1 for an HTTP backend (at 200 requests/s they would take 40% of
+    # the loop's core), 0 (on the loop) for an in-process model, whose generation dwarfs them.
+    gate_processes: int | None = Field(None, ge=0)
     math_sources: list[str] = Field(default_factory=list)  # sources whose documents take the math styles (so do meta.domain == "math")
     kinds: list[str] = Field(default_factory=lambda: ["text"])  # other kinds (code, svg...) and documents with media pass untouched
     batch_size: int = 64  # documents per batch: 64 x 2 rewrites keep a concurrency of 64 busy until the batch's tail
@@ -91,8 +95,9 @@ def make_stage(cfg: Config, backend=None, embedder=None) -> Callable[[list[Docum
         embedder = make_embedder()
     judge = cfg.fidelity.judge
     judge_backend = make_backend(judge.backend) if judge is not None and judge.backend is not None else None
+    gate_processes = cfg.gate_processes if cfg.gate_processes is not None else int(hasattr(backend, "async_client"))
     rewriter = Rewriter(backend, embedder, RewriteSettings(cfg.fidelity, cfg.context_template, cfg.context_chunks,
-                                                           cfg.max_new_tokens), judge_backend)
+                                                           cfg.max_new_tokens, gate_processes), judge_backend)
     provenance = {"backend": backend.name, "model": backend.model}
 
     def rephrase(docs: list[Document]) -> list[Document]:
