@@ -48,7 +48,8 @@ def run_stage(url: str, server, texts: list[str], args) -> dict:
     return {"requests": flight["requests"], "seconds": round(seconds, 2), "mean_in_flight": flight["mean_in_flight"],
             "peak_in_flight": flight["peak_in_flight"], "requests_per_s": round(flight["requests"] / seconds, 1),
             "written": sum(not d["reject"] for d in out), "cpu_s": cpu, "flight": flight,
-            **{f"{side}_cpu_ms_per_request": round(1000 * c / flight["requests"], 2) for side, c in cpu.items()}}
+            **{f"{side}_cpu_ms_per_request": round(1000 * c / flight["requests"], 2) for side, c in cpu.items()
+               if side != "client_gate"}}
 
 
 def cpu_seconds(server) -> dict[str, float]:
@@ -56,8 +57,8 @@ def cpu_seconds(server) -> dict[str, float]:
     workers) and of the server: figures that do not depend on how loaded the shared machine is."""
     children = {int(pid) for tasks in Path(f"/proc/{os.getpid()}/task").glob("*/children")
                 for pid in tasks.read_text().split()} - {server.pid}
-    mine = os.times()
-    return {"client": mine.user + mine.system + sum(map(process_cpu, children)), "server": process_cpu(server.pid)}
+    mine, workers = os.times(), sum(map(process_cpu, children))
+    return {"client": mine.user + mine.system + workers, "client_gate": workers, "server": process_cpu(server.pid)}
 
 
 def process_cpu(pid: int) -> float:

@@ -77,8 +77,8 @@ class OpenAIBackend:
                                f"to one of those") from None
 
     def count_tokens(self, texts: list[str]) -> list[int]:
-        if self.tokenizer is not None:
-            return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        if self.tokenizer is not None:  # the Rust tokenizer itself: transformers' wrapper costs ~40% more
+            return [len(e.ids) for e in self.tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
         return [math.ceil(len(text) / CHARS_PER_TOKEN) for text in texts]
 
     def http_request(self, path: str, body: bytes | None = None) -> urllib.request.Request:

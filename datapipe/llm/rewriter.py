@@ -13,8 +13,10 @@ change mid-document would not read as one text), or fails with the first failed 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from datapipe.llm import fidelity
@@ -42,7 +44,7 @@ class Slot:
     reason: str = ""  # the final failure (a fidelity check's name, "backend_error"...), "" on success
     failed_text: str = ""  # the rewrite as far as it got, with the answer that failed: for the rejects file
     done: bool = False
-    priority: int = 0  # its requests' Request.priority: the rank of its length, longest 0
+    priority: int = 0  # its requests' Request.priority: its rank in the batch, first 0
 
 
 @dataclass
@@ -61,22 +63,27 @@ class Rewriter:
         self.judge_backend = judge_backend or backend  # used only when settings.fidelity.judge is set
         self.settings = settings
         self.stats: dict = {}  # the last run's requests in flight (datapipe.llm.client.Flight)
-        self.pool = None  # the gate's worker processes, started at the first batch, kept warm for the next
+        self.pool: list | None = None  # the gate's worker processes (GateProcess), started at the first batch, kept warm
 
-    def run(self, slots: list[Slot]) -> None:
-        """Every slot to its end; a BackendError (the circuit breaker) stops the run."""
-        asyncio.run(self.run_async(slots))
+    def run(self, planned: Iterable[list[Slot]]) -> None:
+        """Every slot to its end; a BackendError (the circuit breaker) stops the run. `planned`
+        yields the slots a few documents at a time, most important first (the stage: longest
+        first); it runs in a worker thread while the slots it already gave are being rewritten,
+        so the first requests go out after a few documents are chunked, not the whole batch."""
+        asyncio.run(self.run_async(planned))
 
-    async def run_async(self, slots: list[Slot]) -> None:
+    async def run_async(self, planned: Iterable[list[Slot]]) -> None:
         client = make_client(self.backend)
         judge = make_client(self.judge_backend) if self.judge_backend is not self.backend else client
         cosine = Gathered(self.cosines) if self.embedder else None
         gate = Gathered(self.check_batch) if self.settings.gate_processes else None
-        rank_longest_first(slots)
+        parts, rank = iter(planned), itertools.count()
         try:
             async with asyncio.TaskGroup() as group:
-                for slot in slots:
-                    group.create_task(self.rewrite(slot, client, judge, cosine, gate))
+                while (slots := await asyncio.to_thread(next, parts, None)) is not None:
+                    for slot in slots:
+                        slot.priority = next(rank)  # earlier slots first: their requests overtake later ones
+                        group.create_task(self.rewrite(slot, client, judge, cosine, gate))
         except* BackendError as errors:
             raise errors.exceptions[0] from None
         finally:
@@ -86,16 +93,16 @@ class Rewriter:
         log.info("rephrase: %s", self.stats)
 
     def check_batch(self, items: list[tuple]) -> list[fidelity.Verdict]:
-        """fidelity.check for each item, in the worker processes (spawned: forking a process that
-        runs threads, aiohttp's and the tokenizer's, can deadlock the child)."""
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        """fidelity.check for each item, shared among the gate's worker processes (datapipe.llm.gate)."""
+        from datapipe.llm.gate import GateProcess
 
         if self.pool is None:
-            self.pool = ProcessPoolExecutor(self.settings.gate_processes, multiprocessing.get_context("spawn"))
-        share = -(-len(items) // self.settings.gate_processes)
-        parts = [items[start : start + share] for start in range(0, len(items), share)]
-        return [v for part in self.pool.map(fidelity.check_many, [self.settings.fidelity] * len(parts), parts) for v in part]
+            self.pool = [GateProcess() for _ in range(self.settings.gate_processes)]
+        share = -(-len(items) // len(self.pool))
+        workers = list(zip(self.pool, [items[start : start + share] for start in range(0, len(items), share)]))
+        for worker, part in workers:  # every part out first, so the workers check at once
+            worker.send(self.settings.fidelity, part)
+        return [verdict for worker, _ in workers for verdict in worker.receive()]
 
     def cosines(self, pairs: list[tuple[str, str]]) -> list[float]:
         return self.embedder.cosine([source for source, _ in pairs], [rewrite for _, rewrite in pairs])
@@ -158,9 +165,3 @@ class Rewriter:
         slot.reason, slot.done = reason, True
         slot.failed_text = "\n\n".join([*slot.outputs, answer]).strip()
 
-
-def rank_longest_first(slots: list[Slot]) -> None:
-    """Longest rewrite first (priority 0): its chain of chunks, one latency each, starts at once
-    instead of trailing alone at the end of the batch (longest-processing-time-first scheduling)."""
-    for rank, slot in enumerate(sorted(slots, key=lambda slot: -sum(slot.chunk_tokens))):
-        slot.priority = rank

@@ -21,7 +21,7 @@ With keep_originals=true the original passes unchanged and all K rewrites are cr
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -29,7 +29,7 @@ from pydantic import Field, model_validator
 
 from datapipe.llm import make_backend
 from datapipe.llm.base import BackendConfig
-from datapipe.llm.chunking import split_chunks, stitch
+from datapipe.llm.chunking import count_many, split_many, stitch
 from datapipe.llm.fidelity import FidelityConfig
 from datapipe.llm.rewriter import Rewriter, RewriteSettings, Slot
 from datapipe.llm.styles import StyleConfig, eligible_styles, load_styles, style_order
@@ -101,8 +101,8 @@ def make_stage(cfg: Config, backend=None, embedder=None) -> Callable[[list[Docum
     provenance = {"backend": backend.name, "model": backend.model}
 
     def rephrase(docs: list[Document]) -> list[Document]:
-        plans = [plan_document(doc, cfg, styles, backend.count_tokens) for doc in docs]
-        rewriter.run([slot for plan in plans for slot in plan.slots])
+        plans: list[Plan] = [Plan()] * len(docs)
+        rewriter.run(plan_longest_first(docs, plans, cfg, styles, backend.count_tokens))
         return [record for doc, plan in zip(docs, plans) for record in records_of(doc, plan, cfg, provenance)]
 
     rephrase.rewriter = rewriter  # its .stats: the last batch's requests in flight (bench/rephrase_client.py)
@@ -117,21 +117,50 @@ def make_embedder():
     return Embedder(device="cuda" if torch.cuda.is_available() else "cpu")
 
 
-def plan_document(doc: Document, cfg: Config, styles: list[StyleConfig], count) -> Plan:
+PLAN_GROUP = 16  # documents chunked at a time: the first requests go out after ~16, not the whole batch
+
+
+def plan_longest_first(docs: list[Document], plans: list[Plan], cfg: Config, styles, count) -> Iterator[list[Slot]]:
+    """Fills plans[i] for each document, longest first, PLAN_GROUP at a time, yielding their slots:
+    a long document's chain of chunks (one latency each) starts at once instead of trailing alone
+    at the end of the batch (longest-processing-time-first scheduling)."""
+    order = sorted(range(len(docs)), key=lambda i: -len(docs[i]["text"]))
+    for start in range(0, len(order), PLAN_GROUP):
+        group = order[start : start + PLAN_GROUP]
+        for i, plan in zip(group, plan_documents([docs[i] for i in group], cfg, styles, count)):
+            plans[i] = plan
+        yield [slot for i in group for slot in plans[i].slots]
+
+
+def plan_documents(docs: list[Document], cfg: Config, styles: list[StyleConfig], count) -> list[Plan]:
+    """Each document's plan; the texts to rewrite are chunked together (split_many: one tokenizer
+    call per level for the batch)."""
+    plans, orders = [], []
+    for doc in docs:
+        plan, order = plan_document(doc, cfg, styles)
+        plans.append(plan)
+        orders.append(order)
+    todo = [i for i, order in enumerate(orders) if order]
+    chunked = split_many([docs[i]["text"] for i in todo], cfg.chunk_tokens, count)
+    sizes = count_many(chunked, count)
+    for i, chunks, chunk_sizes in zip(todo, chunked, sizes):
+        if len(chunks) > cfg.max_chunks:
+            plans[i] = Plan(skip="too_long")
+            continue
+        spares = orders[i][cfg.rewrites :]  # one list shared by the slots: a style serves one rewrite only
+        plans[i].slots = [Slot(chunks, chunk_sizes, style, spares, cfg.style_retries) for style in orders[i][: cfg.rewrites]]
+    return plans
+
+
+def plan_document(doc: Document, cfg: Config, styles: list[StyleConfig]) -> tuple[Plan, list[StyleConfig]]:
+    """The document's plan before chunking, and its styles in order ([] when it is not rewritten)."""
     if doc["kind"] not in cfg.kinds or doc["media"]:
-        return Plan(untouched=True)
+        return Plan(untouched=True), []
     if not doc["text"].strip():
-        return Plan(skip="empty_text")
+        return Plan(skip="empty_text"), []
     domain = "math" if doc["meta"].get("domain") == "math" or doc["source"] in cfg.math_sources else "knowledge"
     order = style_order(eligible_styles(styles, domain, doc["text"]), doc["id"], cfg.backend.seed)
-    if not order:
-        return Plan(skip="no_style")
-    chunks = split_chunks(doc["text"], cfg.chunk_tokens, count)
-    if len(chunks) > cfg.max_chunks:
-        return Plan(skip="too_long")
-    sizes = count(chunks)
-    spares = order[cfg.rewrites :]  # one list shared by the slots: a style serves one rewrite only
-    return Plan(slots=[Slot(chunks, sizes, style, spares, cfg.style_retries) for style in order[: cfg.rewrites]])
+    return (Plan(), order) if order else (Plan(skip="no_style"), [])
 
 
 def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list[Document]:
