@@ -61,6 +61,22 @@ def test_split_many_gives_each_text_the_chunks_of_split_chunks(count):
     assert split_many([], 64, count) == []
 
 
+def test_the_http_backend_sizes_chunks_with_the_served_models_own_tokenizer(count):
+    from datapipe.llm.base import BackendError
+    from datapipe.llm.openai_http import load_tokenizer
+    from datapipe.llm.packaged import SMOLLM2, model_dir
+
+    texts = [PARAGRAPH, "La Torre Eiffel se terminó en 1889 y mide 330 metros de altura."]
+
+    def sizes(tokenizer):
+        return [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    assert sizes(load_tokenizer(None, SMOLLM2)) == count(texts)  # the served model is the packaged one
+    assert sizes(load_tokenizer(str(model_dir(SMOLLM2) / "tokenizer.json"), "served-elsewhere")) == count(texts)
+    assert load_tokenizer(None, "Qwen/Qwen2.5-7B-Instruct") is None  # unknown here: 4 characters a token
+    with pytest.raises(BackendError, match="local files only, never a hub"):
+        load_tokenizer("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct")  # named, so it must load
+
+
 def test_stitch_reuses_each_chunks_break():
     sources = ["First para.\n\n", "Second line.\n", "Third sentence. ", "Last."]
     rewrites = ["One.", " Two. ", "Three.", "Four."]
