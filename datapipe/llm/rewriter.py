@@ -3,12 +3,14 @@
 Each of a document's K rewrites is a Slot: one style walking the document's chunks in order,
 every request carrying the previous rewritten chunk(s) as context, as Kimi K2 rewrote long
 documents so that the pieces read as one text. Each slot is a coroutine: it sends its next chunk
-as soon as the previous one is back and judged, so a slow answer holds only its own document and
-the backend client keeps `concurrency` requests in flight (datapipe.llm.client). Each answer is
-judged by the gate (datapipe.llm.fidelity: the text checks in a worker process, ~2 ms of CPU a
-chunk that would otherwise hold the event loop, 40% of its core at 200 requests/s; the embedder in
-a worker thread; the LLM judge is one more request), then the slot advances, retries with a spare style (from chunk 0: a style
-change mid-document would not read as one text), or fails with the first failed check's name.
+as soon as the previous one is back, while the gate judges that one, so a slow answer holds only
+its own document and the backend client keeps `concurrency` requests in flight, started documents
+first (datapipe.llm.client). The gate (datapipe.llm.fidelity) runs its text checks in a worker
+process (~1.5 ms of CPU a chunk that would hold the event loop: 30% of its core at 200 requests/s),
+the embedder in a worker thread, the LLM judge as one more request; then the slot advances,
+retries with a spare style (from chunk 0: a style change mid-document would not read as one
+text, and the request already sent after the failed answer is cancelled), or fails with the
+first failed check's name.
 """
 from __future__ import annotations
 
@@ -109,19 +111,43 @@ class Rewriter:
 
     async def rewrite(self, slot: Slot, client, judge, cosine, gate) -> None:
         while not slot.done:
-            request, context = self.request(slot)
-            completion = await client.complete(request)
+            await self.walk(slot, client, judge, cosine, gate)
+
+    async def walk(self, slot: Slot, client, judge, cosine, gate) -> None:
+        """The slot's style from its next chunk to its end or its first failure. Chunk k+1 goes out
+        as soon as chunk k's answer is back, while the gate judges that answer: its context is that
+        answer either way, and the gate passes most answers; one it fails cancels the request after
+        it. So the gate's latency (a worker process, an embedder, a judge request) is off the
+        request path: a batch of gate work that waits for a core no longer empties the server."""
+        k = len(slot.outputs)
+        request, context = self.request(slot, slot.outputs)
+        sent = asyncio.ensure_future(client.complete(request))
+        while True:
+            completion = await sent
             if completion.error:
                 self.retry_or_fail(slot, completion.error, completion.detail, answer=completion.text)
-                continue
-            verdict = await self.judge(slot, completion, context, judge, cosine, gate)
+                return
+            verdict = asyncio.ensure_future(self.judge(slot, k, completion, context, judge, cosine, gate))
+            if k + 1 < len(slot.chunks):
+                request, next_context = self.request(slot, [*slot.outputs, completion.text])
+                sent = asyncio.ensure_future(client.complete(request))
+            try:
+                passed = await verdict
+            except BaseException:
+                sent.cancel()
+                raise
             slot.output_tokens += completion.output_tokens
-            self.advance(slot, completion.text, verdict)
+            self.advance(slot, completion.text, passed)
+            if passed.failed or slot.done:
+                sent.cancel()  # a failed answer: the next chunk's request carried it as context
+                return
+            k, context = k + 1, next_context
 
-    def request(self, slot: Slot) -> tuple[Request, str]:
-        k = len(slot.outputs)
+    def request(self, slot: Slot, outputs: list[str]) -> tuple[Request, str]:
+        """The request for chunk len(outputs), the rewritten chunks before it as its context."""
+        k = len(outputs)
         text = slot.style.prompt.format(text=slot.chunks[k])
-        context = "\n\n".join(slot.outputs[-self.settings.context_chunks :]) if k and self.settings.context_chunks else ""
+        context = "\n\n".join(outputs[-self.settings.context_chunks :]) if k and self.settings.context_chunks else ""
         if context:
             text = self.settings.context_template.format(context=context, text=text)
         budget = math.ceil(slot.style.length_budget * slot.chunk_tokens[k]) + 16
@@ -130,11 +156,11 @@ class Rewriter:
                           slot.priority)
         return request, context
 
-    async def judge(self, slot: Slot, completion: Completion, context: str, judge, cosine, gate) -> fidelity.Verdict:
+    async def judge(self, slot: Slot, k: int, completion: Completion, context: str, judge, cosine, gate) -> fidelity.Verdict:
         """The text checks first (in the gate's worker process, or here); the embedding in its worker
         thread; the LLM judge last (it costs a request), each only for an answer that passed the
         checks before it."""
-        cfg, source = self.settings.fidelity, slot.chunks[len(slot.outputs)]
+        cfg, source = self.settings.fidelity, slot.chunks[k]
         target = "en" if slot.style.non_english_only else None  # the translating styles write English
         item = (source, completion.text, context, completion.finish_reason, target)
         verdict = await gate(item) if gate else fidelity.check_many(cfg, [item])[0]
