@@ -5,9 +5,9 @@ clients) use, with the error shapes vLLM answers: 404 for an unknown model, 400 
 "maximum context length" for a prompt that does not fit. The HTTP side is one asyncio loop
 (aiohttp.web: a waiting request costs no thread; ~0.3 ms of CPU a request, so a 300 ms latency
 holds thousands in flight on one core; http.server's thread per connection added ~50 ms to each
-answer at 64 in flight on the shared 2-core machine, this ~20 ms); a batcher thread collects the requests waiting at that moment (up to --max-batch, after a 20 ms
-gather window) into one generate() call, so concurrent clients share batches as they would
-on vLLM. It exists for tests, demos and machines without vLLM; --die-after and
+answer at 64 in flight on the shared 2-core machine, this ~20 ms); a batcher thread collects
+the requests waiting at that moment (up to --max-batch, after a 20 ms gather window) into one
+generate() call, so concurrent clients share batches as they would on vLLM. It exists for tests, demos and machines without vLLM; --die-after and
 --malformed-after make it fail on purpose, for failure tests. With --script FILE it loads no
 model and answers as the file says (datapipe.llm.server.Script: a status, a text, a finish reason,
 a Retry-After, per matching prompt), after --latency-ms: the failure tests and the client
