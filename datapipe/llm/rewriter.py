@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import math
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -65,7 +66,8 @@ class Rewriter:
         self.judge_backend = judge_backend or backend  # used only when settings.fidelity.judge is set
         self.settings = settings
         self.stats: dict = {}  # the last run's requests in flight (datapipe.llm.client.Flight)
-        self.pool: list | None = None  # the gate's worker processes (GateProcess), started at the first batch, kept warm
+        self.pool: list = []  # the gate's worker processes (GateProcess), started at the first batch, kept warm
+        weakref.finalize(self, close_all, self.pool)  # a stage that is dropped (a test's) ends its workers
 
     def run(self, planned: Iterable[list[Slot]]) -> None:
         """Every slot to its end; a BackendError (the circuit breaker) stops the run. `planned`
@@ -98,8 +100,8 @@ class Rewriter:
         """fidelity.check for each item, shared among the gate's worker processes (datapipe.llm.gate)."""
         from datapipe.llm.gate import GateProcess
 
-        if self.pool is None:
-            self.pool = [GateProcess() for _ in range(self.settings.gate_processes)]
+        if not self.pool:
+            self.pool.extend(GateProcess() for _ in range(self.settings.gate_processes))
         share = -(-len(items) // len(self.pool))
         workers = list(zip(self.pool, [items[start : start + share] for start in range(0, len(items), share)]))
         for worker, part in workers:  # every part out first, so the workers check at once
@@ -191,3 +193,7 @@ class Rewriter:
         slot.reason, slot.done = reason, True
         slot.failed_text = "\n\n".join([*slot.outputs, answer]).strip()
 
+
+def close_all(workers: list) -> None:
+    for worker in workers:
+        worker.close()
