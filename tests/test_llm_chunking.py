@@ -1,7 +1,7 @@
 """Chunking and stitching with the real SmolLM2 tokenizer: nothing lost, nothing over the limit."""
 import pytest
 
-from datapipe.llm.chunking import split_chunks, stitch
+from datapipe.llm.chunking import split_chunks, split_many, stitch
 
 PARAGRAPH = ("The Eiffel Tower was completed in 1889. It is 330 metres tall. Gustave Eiffel's company built it "
              "for the World's Fair, and it was the tallest structure in the world for 41 years.")
@@ -52,6 +52,29 @@ def test_run_without_spaces_is_halved_until_it_fits(count):
     chunks = split_chunks(blob, 50, count)
     assert "".join(chunks) == blob
     assert max(count(chunks)) <= 50
+
+
+def test_split_many_gives_each_text_the_chunks_of_split_chunks(count):
+    texts = ["", PARAGRAPH, "QUJDRA" * 400, "\n\n".join(f"Part {i}. " + PARAGRAPH for i in range(5)) + " word" * 90]
+    for limit in (20, 64, 256):
+        assert split_many(texts, limit, count) == [split_chunks(text, limit, count) for text in texts]
+    assert split_many([], 64, count) == []
+
+
+def test_the_http_backend_sizes_chunks_with_the_served_models_own_tokenizer(count):
+    from datapipe.llm.base import BackendError
+    from datapipe.llm.openai_http import load_tokenizer
+    from datapipe.llm.packaged import SMOLLM2, model_dir
+
+    texts = [PARAGRAPH, "La Torre Eiffel se terminó en 1889 y mide 330 metros de altura."]
+
+    def sizes(tokenizer):
+        return [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    assert sizes(load_tokenizer(None, SMOLLM2)) == count(texts)  # the served model is the packaged one
+    assert sizes(load_tokenizer(str(model_dir(SMOLLM2) / "tokenizer.json"), "served-elsewhere")) == count(texts)
+    assert load_tokenizer(None, "Qwen/Qwen2.5-7B-Instruct") is None  # unknown here: 4 characters a token
+    with pytest.raises(BackendError, match="local files only, never a hub"):
+        load_tokenizer("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct")  # named, so it must load
 
 
 def test_stitch_reuses_each_chunks_break():

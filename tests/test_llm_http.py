@@ -161,3 +161,27 @@ def test_retry_after_is_honoured(tmp_path):
         stop_server(process)
     assert out[0].error == "" and out[0].text == "hello there"
     assert 0.9 <= waited < 10  # loose: the pause the server asked for, not the 0 s backoff
+
+
+def test_waiting_requests_are_admitted_lowest_priority_first():
+    import asyncio
+
+    from datapipe.llm.client import Limit
+
+    async def admitted_order() -> list[int]:
+        limit, order = Limit(1), []
+        await limit.acquire(0)  # the one slot is taken: the others wait
+
+        async def wait(priority: int) -> None:
+            await limit.acquire(priority)
+            order.append(priority)
+            limit.release()
+        waiters = [asyncio.create_task(wait(p)) for p in (5, 1, 3, 1)]
+        cancelled = asyncio.create_task(wait(0))
+        await asyncio.sleep(0)
+        cancelled.cancel()  # a cancelled waiter gives its turn on
+        await asyncio.sleep(0)
+        limit.release()
+        await asyncio.gather(*waiters)
+        return order + [limit.free]
+    assert asyncio.run(admitted_order()) == [1, 1, 3, 5, 1]  # then the slot is free again

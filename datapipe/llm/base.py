@@ -43,7 +43,7 @@ class BackendConfig(Strict):
     timeout_s: float = Field(120.0, gt=0)  # per request; 512 new tokens at 10 tok/s fit
     max_retries: int = Field(3, ge=0)  # after the first try: connection errors, 429 and 5xx only
     backoff_s: float = Field(0.5, ge=0)  # first retry waits this, then doubles (0.5, 1, 2 s), each x 0.5-1.5 jitter
-    tokenizer: str | None = None  # chunk sizes: a local tokenizer folder; None = the served model's when it is here, else chars/4
+    tokenizer: str | None = None  # chunk sizes: "smollm2-135m-instruct", a model folder or a tokenizer.json (local only); None = the served model's when it is one of those, else chars/4
     max_error_rate: float = Field(0.5, gt=0, le=1)  # of the last breaker_window requests failed: the run stops
     breaker_window: int = Field(50, ge=1)  # requests the circuit breaker looks back over (it opens after 10 at least)
     # vllm (GPU, in the stage's actor; the stage's num_gpus gives it a device)
@@ -57,6 +57,7 @@ class Request:
     max_new_tokens: int
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
+    priority: int = 0  # lower goes first when requests wait for a free slot: a started document's next chunk before a new one
 
 
 @dataclass

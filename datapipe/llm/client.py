@@ -6,6 +6,10 @@ server sees a steady `concurrency` requests instead of rounds that wait for thei
 - HTTP backends get their own async client (datapipe.llm.openai_http.OpenAIClient);
 - in-process backends (local transformers, vLLM) are wrapped in a Batcher: the requests waiting
   at that moment go to one generate() call in a worker thread, while the next batch gathers;
+- Limit admits `concurrency` requests, lowest Request.priority first: the rewriter numbers its
+  rewrites longest first, so a started document's next chunk overtakes new documents' first
+  chunks (a few dozen documents stream at a time instead of all of them crawling, whose last
+  chunks would then trail alone at the end), and the long ones start early, not last;
 - Flight counts requests in flight over time (mean and peak), for the logs and bench/rephrase.py;
 - Breaker stops the run (BackendError, so the CLI exits non-zero with the message) when the
   backend is down or most requests fail, instead of rejecting a whole corpus as backend_error.
@@ -13,12 +17,44 @@ server sees a steady `concurrency` requests instead of rounds that wait for thei
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from datapipe.llm.base import BACKEND_ERROR, BackendError, Completion, Request
+
+
+class Limit:
+    """A semaphore whose waiters are served lowest priority first (FIFO among equals)."""
+
+    def __init__(self, size: int):
+        self.free = size
+        self.waiting: list[tuple[int, int, asyncio.Future]] = []
+        self.order = itertools.count()
+
+    async def acquire(self, priority: int) -> None:
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+            return
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.waiting, (priority, next(self.order), future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # granted as it was cancelled: pass it on
+                self.release()
+            raise
+
+    def release(self) -> None:
+        while self.waiting:
+            future = heapq.heappop(self.waiting)[2]
+            if not future.done():
+                future.set_result(None)
+                return
+        self.free += 1
 
 
 class Flight:
@@ -41,7 +77,8 @@ class Flight:
     def stats(self) -> dict:
         elapsed = max(1e-9, self.changed - self.started)
         return {"requests": self.requests, "mean_in_flight": round(self.area / elapsed, 2), "peak_in_flight": self.peak,
-                "seconds": round(elapsed, 3), "requests_per_s": round(self.requests / elapsed, 2)}
+                "seconds": round(elapsed, 3), "requests_per_s": round(self.requests / elapsed, 2),
+                "mean_latency_s": round(self.area / max(1, self.requests), 4)}  # Little's law: time in flight each
 
 
 @dataclass
@@ -68,10 +105,12 @@ class Breaker:
 
 
 class Batcher:
-    """An in-process backend behind the async interface: waiting requests go out as one batch."""
+    """An in-process backend behind the async interface: waiting requests go out as one batch.
+    A backend that raises answers each request backend_error; with raises=True (the gate and the
+    embedder, whose callers await values, not completions) the error reaches every caller."""
 
-    def __init__(self, backend, max_batch: int = 1 << 30):
-        self.backend, self.max_batch = backend, max_batch
+    def __init__(self, backend, max_batch: int = 1 << 30, raises: bool = False):
+        self.backend, self.max_batch, self.raises = backend, max_batch, raises
         self.flight = Flight()
         self.waiting: list[tuple[Request, asyncio.Future]] = []
         self.wake: asyncio.Event | None = None
@@ -98,6 +137,11 @@ class Batcher:
         try:
             completions = await asyncio.to_thread(self.backend.generate, [request for request, _ in batch])
         except Exception as err:  # noqa: BLE001 - every waiting request learns why; the loop goes on
+            if self.raises:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(err)
+                return
             completions = [Completion(error=BACKEND_ERROR, detail=f"{type(err).__name__}: {err}"[:500])] * len(batch)
         finally:
             self.flight.change(-len(batch))
@@ -112,12 +156,12 @@ class Batcher:
 
 
 class Gathered:
-    """Calls fn(list) for the items submitted while the previous call ran: an embedder batch
-    in a worker thread, off the event loop and off the request path."""
+    """Calls fn(list) for the items submitted while the previous call ran: an embedder batch, or
+    a batch of fidelity checks for a worker process, in a worker thread, off the event loop."""
 
     def __init__(self, fn: Callable[[list], list]):
         self.fn = fn
-        self.batcher = Batcher(self, max_batch=256)
+        self.batcher = Batcher(self, max_batch=256, raises=True)
 
     def generate(self, items: list) -> list:
         return self.fn(items)

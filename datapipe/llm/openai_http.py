@@ -8,7 +8,8 @@ reply is retried the same way; a context-length 400 is answered `context_overflo
 start the backend asks GET /models: a server that is down or does not serve the model stops the
 run with the fix; a server that fails mid-run opens the circuit breaker (datapipe.llm.client),
 which stops the run instead of rejecting every record. Chunk sizes use the served model's own
-tokenizer where it is here (the packaged SmolLM2, a local folder in backend.tokenizer).
+tokenizer where it is here, from local files only (the packaged SmolLM2, a model folder or a
+tokenizer.json in backend.tokenizer; a backend.tokenizer that is none of those stops the run).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from datapipe.llm.base import (
     failed,
     finish,
 )
-from datapipe.llm.client import Breaker, Flight
+from datapipe.llm.client import Breaker, Flight, Limit
 
 CHARS_PER_TOKEN = 4.0  # English averages ~4 characters a token in Llama-family BPEs; Spanish ~3: a fallback only
 TRANSIENT = (urllib.error.URLError, http.client.HTTPException, socket.timeout, ConnectionError, TimeoutError)
@@ -56,7 +57,7 @@ class OpenAIBackend:
         key = os.environ.get(cfg.api_key_env)
         self.headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         self.check_server()
-        self.tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        self.tokenizer = load_tokenizer(cfg.tokenizer, cfg.model)
 
     def check_server(self) -> None:
         try:
@@ -78,7 +79,7 @@ class OpenAIBackend:
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         if self.tokenizer is not None:
-            return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+            return [len(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
         return [math.ceil(len(text) / CHARS_PER_TOKEN) for text in texts]
 
     def http_request(self, path: str, body: bytes | None = None) -> urllib.request.Request:
@@ -108,7 +109,7 @@ class OpenAIClient:
         self.cfg, self.base, self.headers = cfg, base, headers
         self.flight = Flight()
         self.breaker = Breaker(cfg.breaker_window, min(10, cfg.breaker_window), cfg.max_error_rate, base)
-        self.limit = asyncio.Semaphore(cfg.concurrency)
+        self.limit = Limit(cfg.concurrency)
         self.session = None
         self.paused_until = 0.0  # monotonic time before which no request is sent (Retry-After)
         self.retries = 0
@@ -124,7 +125,7 @@ class OpenAIClient:
             while (wait := self.paused_until - time.monotonic()) > 0:
                 await asyncio.sleep(wait)
             try:
-                outcome = await self.send(body)
+                outcome = await self.send(body, request.priority)
                 break
             except Retry as retry:
                 outcome = failed(*retry.args[:2])
@@ -133,22 +134,23 @@ class OpenAIClient:
         self.breaker.record(outcome)
         return outcome
 
-    async def send(self, body: dict) -> Completion:
+    async def send(self, body: dict, priority: int = 0) -> Completion:
         import aiohttp
 
         if self.session is None:
             self.session = aiohttp.ClientSession(headers=self.headers, timeout=aiohttp.ClientTimeout(
                 total=self.cfg.timeout_s), connector=aiohttp.TCPConnector(limit=self.cfg.concurrency))
-        async with self.limit:
-            self.flight.change(+1)
-            try:
-                async with self.session.post(self.base + "/chat/completions", json=body) as reply:
-                    payload = await reply.read()
-                    status, retry_after = reply.status, reply.headers.get("Retry-After")
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-                raise Retry(BACKEND_ERROR, f"{type(err).__name__}: {err}") from None
-            finally:
-                self.flight.change(-1)
+        await self.limit.acquire(priority)
+        self.flight.change(+1)
+        try:
+            async with self.session.post(self.base + "/chat/completions", json=body) as reply:
+                payload = await reply.read()
+                status, retry_after = reply.status, reply.headers.get("Retry-After")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            raise Retry(BACKEND_ERROR, f"{type(err).__name__}: {err}") from None
+        finally:
+            self.flight.change(-1)
+            self.limit.release()
         if status != 200:
             self.pause(status, retry_after)
             return http_error(status, payload.decode("utf-8", "replace"))
@@ -193,19 +195,35 @@ def parse_completion(payload: bytes) -> Completion:
         raise Retry(MALFORMED_RESPONSE, f"{type(err).__name__}: {err}; body starts {payload[:200]!r}") from None
 
 
-def load_tokenizer(name: str):
-    """The served model's tokenizer, for chunk sizes, when it is here: the packaged SmolLM2 or a local
-    model folder; else None and chunks are sized at 4 characters a token (Spanish chunks then come
-    out at 268-367 real tokens for a 256 target: set backend.tokenizer to a local folder)."""
+def load_tokenizer(name: str | None, model: str):
+    """The Rust tokenizer that sizes chunks, from local files only (never a hub): `name`
+    (backend.tokenizer: the packaged SmolLM2's name, a model folder, or a tokenizer.json file) or,
+    when that is None, the served model's when it is one of those. None: chunks are sized at 4
+    characters a token, which made Spanish chunks 268-367 real tokens for a 256 target."""
     from pathlib import Path
+
+    from datapipe.llm.packaged import SMOLLM2
+
+    if name is None:
+        local = model == SMOLLM2 or (Path(model).expanduser() / "tokenizer.json").is_file()
+        return load_local_tokenizer(model) if local else None
+    if name != SMOLLM2 and not (Path(name).expanduser().is_file() or (Path(name).expanduser() / "tokenizer.json").is_file()):
+        raise BackendError(f"backend.tokenizer {name!r}: not {SMOLLM2!r}, a model folder with tokenizer.json, "
+                           f"nor a tokenizer.json file; tokenizers are read from local files only, never a hub. "
+                           f"Point it at the served model's folder, or leave it out to size chunks at 4 characters a token")
+    return load_local_tokenizer(name)
+
+
+def load_local_tokenizer(name: str):
+    """A folder's or a file's tokenizer.json; SmolLM2's from its converted folder (converted once)."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
 
     from datapipe.llm.packaged import SMOLLM2, model_dir
 
-    if name != SMOLLM2 and not (Path(name).expanduser() / "tokenizer_config.json").is_file():
-        return None
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(model_dir(name) if name == SMOLLM2 else Path(name).expanduser())
+        path = model_dir(SMOLLM2) if name == SMOLLM2 else Path(name).expanduser()
     except FileNotFoundError:  # the model package is not installed here: the estimate it is
         return None
+    return Tokenizer.from_file(str(path if path.is_file() else path / "tokenizer.json"))

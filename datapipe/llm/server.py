@@ -2,10 +2,12 @@
 
 GET /v1/models and POST /v1/chat/completions, the subset that the openai backend (and most
 clients) use, with the error shapes vLLM answers: 404 for an unknown model, 400 with
-"maximum context length" for a prompt that does not fit. Each connection gets a thread; a
-batcher thread collects the requests waiting at that moment (up to --max-batch, after a 20 ms
-gather window) into one generate() call, so concurrent clients share batches as they would
-on vLLM. It exists for tests, demos and machines without vLLM; --die-after and
+"maximum context length" for a prompt that does not fit. The HTTP side is one asyncio loop
+(aiohttp.web: a waiting request costs no thread; ~0.3 ms of CPU a request, so a 300 ms latency
+holds thousands in flight on one core; http.server's thread per connection added ~50 ms to each
+answer at 64 in flight on the shared 2-core machine, this ~20 ms); a batcher thread collects
+the requests waiting at that moment (up to --max-batch, after a 20 ms gather window) into one
+generate() call, so concurrent clients share batches as they would on vLLM. It exists for tests, demos and machines without vLLM; --die-after and
 --malformed-after make it fail on purpose, for failure tests. With --script FILE it loads no
 model and answers as the file says (datapipe.llm.server.Script: a status, a text, a finish reason,
 a Retry-After, per matching prompt), after --latency-ms: the failure tests and the client
@@ -14,6 +16,7 @@ benchmark (a server of fixed latency that never saturates) use it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import queue
@@ -22,7 +25,6 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from datapipe.llm.base import CONTEXT_OVERFLOW, BackendConfig, Completion, Request
@@ -38,10 +40,10 @@ class Batcher:
         self.waiting: queue.Queue[tuple[Request, Future]] = queue.Queue()
         threading.Thread(target=self.loop, daemon=True, name="batcher").start()
 
-    def submit(self, request: Request) -> Completion:
+    def submit(self, request: Request) -> Future:
         future: Future = Future()
         self.waiting.put((request, future))
-        return future.result()
+        return future
 
     def loop(self) -> None:
         while True:
@@ -91,85 +93,78 @@ class Script:
                 "content": rule.get("text", "{echo}").replace("{echo}", echo)}
 
 
-class Handler(BaseHTTPRequestHandler):
-    server: ModelServer
-    protocol_version = "HTTP/1.1"
+class ModelServer:
+    """The HTTP side on one asyncio loop (aiohttp.web): a request waits for its latency with
+    asyncio.sleep and for the model on the batcher's thread, never holding a thread of its own."""
 
-    def log_message(self, *args) -> None:  # quiet: tests read stdout for the ready line
-        pass
+    def __init__(self, batcher: Batcher | None, model_name: str, die_after: int = 0, malformed_after: int = 0):
+        self.batcher, self.model_name = batcher, model_name
+        self.die_after, self.malformed_after, self.served = die_after, malformed_after, 0
+        self.script: Script | None = None
+        self.latency_s = 0.0
 
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") != "/v1/models":
-            return self.reply(404, error(f"no route {self.path}", "NotFoundError"))
-        self.reply(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model",
-                                                      "owned_by": "datapipe"}]})
+    def app(self):
+        from aiohttp import web
 
-    def do_POST(self) -> None:
-        if self.path.rstrip("/") != "/v1/chat/completions":
-            return self.reply(404, error(f"no route {self.path}", "NotFoundError"))
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_route("*", "/{tail:.*}", self.no_route)
+        return app
+
+    async def no_route(self, http_request):
+        return reply(404, error(f"no route {http_request.path}", "NotFoundError"))
+
+    async def models(self, http_request):
+        return reply(200, {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "datapipe"}]})
+
+    async def chat(self, http_request):
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            body = json.loads(await http_request.read())
             request = Request(body["messages"], int(body.get("max_tokens") or 256),
                               float(body.get("temperature", 0.0)), float(body.get("top_p", 1.0)))
         except (ValueError, KeyError, TypeError) as err:
-            return self.reply(400, error(f"bad request: {err}", "BadRequestError"))
-        if body.get("model") != self.server.model_name:
-            return self.reply(404, error(f"The model `{body.get('model')}` does not exist.", "NotFoundError"))
-        if self.server.count_request() == "malformed":
-            return self.reply(200, b'{"id": "x", "choices": [{"message": ')
-        time.sleep(self.server.latency_s)
-        if self.server.script is not None:
-            return self.scripted(self.server.script.answer(request))
+            return reply(400, error(f"bad request: {err}", "BadRequestError"))
+        if body.get("model") != self.model_name:
+            return reply(404, error(f"The model `{body.get('model')}` does not exist.", "NotFoundError"))
+        if self.count_request() == "malformed":
+            return reply(200, b'{"id": "x", "choices": [{"message": ')
+        await asyncio.sleep(self.latency_s)
+        if self.script is not None:
+            return self.scripted(self.script.answer(request))
         try:
-            completion = self.server.batcher.submit(request)
+            completion = await asyncio.wrap_future(self.batcher.submit(request))
         except Exception as err:  # noqa: BLE001 - reported to the client as a server error, which it retries
-            return self.reply(500, error(f"generation failed: {type(err).__name__}: {err}", "InternalServerError"))
-        self.answer(completion)
+            return reply(500, error(f"generation failed: {type(err).__name__}: {err}", "InternalServerError"))
+        return self.answer(completion)
 
-    def answer(self, completion: Completion) -> None:
+    def answer(self, completion: Completion):
         if completion.error == CONTEXT_OVERFLOW:
-            return self.reply(400, error(f"This model's maximum context length is exceeded: {completion.detail}",
-                                         "BadRequestError"))
-        self.reply(200, chat_completion(self.server.model_name, completion))
+            return reply(400, error(f"This model's maximum context length is exceeded: {completion.detail}",
+                                    "BadRequestError"))
+        return reply(200, chat_completion(self.model_name, completion))
 
-    def scripted(self, rule: dict) -> None:
+    def scripted(self, rule: dict):
         if rule["status"] != 200:
             headers = {"Retry-After": str(rule["retry_after"])} if rule.get("retry_after") is not None else {}
-            return self.reply(rule["status"], error(f"scripted HTTP {rule['status']}", "ScriptedError"), headers)
+            return reply(rule["status"], error(f"scripted HTTP {rule['status']}", "ScriptedError"), headers)
         text = rule["content"]
-        self.answer(Completion(text=text, output_tokens=len(text.split()), finish_reason=rule["finish_reason"]))
-
-    def reply(self, status: int, payload: dict | bytes, headers: dict[str, str] | None = None) -> None:
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.send_response(status)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class ModelServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024  # listen backlog: 64+ clients connect at once
-
-    def __init__(self, address, batcher: Batcher | None, model_name: str, die_after: int = 0, malformed_after: int = 0):
-        super().__init__(address, Handler)
-        self.batcher, self.model_name = batcher, model_name
-        self.die_after, self.malformed_after, self.served = die_after, malformed_after, 0
-        self.lock = threading.Lock()
-        self.script: Script | None = None
-        self.latency_s = 0.0
+        return self.answer(Completion(text=text, output_tokens=len(text.split()), finish_reason=rule["finish_reason"]))
 
     def count_request(self) -> str:
         """Failure tests: 'malformed' past --malformed-after; past --die-after the process exits
         at once, like a crash (the client sees its connection reset, then refused)."""
-        with self.lock:
-            self.served += 1
-            if self.die_after and self.served > self.die_after:
-                os._exit(3)
-            return "malformed" if self.malformed_after and self.served > self.malformed_after else "ok"
+        self.served += 1
+        if self.die_after and self.served > self.die_after:
+            os._exit(3)
+        return "malformed" if self.malformed_after and self.served > self.malformed_after else "ok"
+
+
+def reply(status: int, payload: dict | bytes, headers: dict[str, str] | None = None):
+    from aiohttp import web
+
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return web.Response(status=status, body=data, headers=headers, content_type="application/json")
 
 
 def error(message: str, kind: str) -> dict:
@@ -209,12 +204,22 @@ def main(argv: list[str] | None = None) -> None:
 
         batcher = Batcher(LocalBackend(BackendConfig(model=args.model, max_batch=args.max_batch, threads=args.threads,
                                                      max_context=args.max_context)), args.max_batch)
-    server = ModelServer((args.host, args.port), batcher, args.served_name or args.model,
-                         args.die_after, args.malformed_after)
+    server = ModelServer(batcher, args.served_name or args.model, args.die_after, args.malformed_after)
     server.script = Script(json.loads(args.script.read_text())) if args.script else None
     server.latency_s = args.latency_ms / 1000
-    print(f"serving {server.model_name} on http://{args.host}:{server.server_address[1]}/v1", flush=True)
-    server.serve_forever()
+    asyncio.run(serve(server, args.host, args.port))
+
+
+async def serve(server: ModelServer, host: str, port: int) -> None:
+    from aiohttp import web
+
+    runner = web.AppRunner(server.app(), access_log=None)  # quiet: tests read stdout for the ready line
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)  # 64+ clients connect at once
+    await site.start()
+    port = runner.addresses[0][1]  # the free port the OS picked for --port 0
+    print(f"serving {server.model_name} on http://{host}:{port}/v1", flush=True)
+    await asyncio.Event().wait()
 
 
 if __name__ == "__main__":

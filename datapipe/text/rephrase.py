@@ -24,7 +24,7 @@ With keep_originals=true the original passes unchanged and all K rewrites are cr
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -32,7 +32,7 @@ from pydantic import Field, model_validator
 
 from datapipe.llm import make_backend
 from datapipe.llm.base import BackendConfig
-from datapipe.llm.chunking import split_chunks, stitch
+from datapipe.llm.chunking import count_many, split_many, stitch
 from datapipe.llm.fidelity import FidelityConfig
 from datapipe.llm.rewriter import Rewriter, RewriteSettings, Slot
 from datapipe.llm.styles import StyleConfig, eligible_styles, load_styles, style_order
@@ -61,6 +61,10 @@ class Config(StageConfig):
     on_failure: Literal["keep_original", "reject"] = "keep_original"  # no rewrite passed: write the original, or reject it
     style_retries: int = Field(1, ge=0)  # spare styles tried after a fidelity failure or an empty answer
     fidelity: FidelityConfig = FidelityConfig()
+    # The gate's text checks (~1.5 ms of CPU a chunk) in worker processes, off the event loop that
+    # keeps the server full; None = 1 for an HTTP backend (at 200 requests/s they would take 30% of
+    # the loop's core), 0 (on the loop) for an in-process model, whose generation dwarfs them.
+    gate_processes: int | None = Field(None, ge=0)
     math_sources: list[str] = Field(default_factory=list)  # sources whose documents take the math styles (so do meta.domain == "math")
     kinds: list[str] = Field(default_factory=lambda: ["text"])  # other kinds (code, svg...) and documents with media pass untouched
     batch_size: int = 64  # documents per batch: 64 x 2 rewrites keep a concurrency of 64 busy until the batch's tail
@@ -95,13 +99,14 @@ def make_stage(cfg: Config, backend=None, embedder=None) -> Callable[[list[Docum
         embedder = make_embedder()
     judge = cfg.fidelity.judge
     judge_backend = make_backend(judge.backend) if judge is not None and judge.backend is not None else None
+    gate_processes = cfg.gate_processes if cfg.gate_processes is not None else int(hasattr(backend, "async_client"))
     rewriter = Rewriter(backend, embedder, RewriteSettings(cfg.fidelity, cfg.context_template, cfg.context_chunks,
-                                                           cfg.max_new_tokens), judge_backend)
+                                                           cfg.max_new_tokens, gate_processes), judge_backend)
     provenance = {"backend": backend.name, "model": backend.model}
 
     def rephrase(docs: list[Document]) -> list[Document]:
-        plans = [plan_document(doc, cfg, styles, backend.count_tokens) for doc in docs]
-        rewriter.run([slot for plan in plans for slot in plan.slots])
+        plans = [Plan() for _ in docs]  # filled by plan_longest_first as the rewriter asks for slots
+        rewriter.run(plan_longest_first(docs, plans, cfg, styles, backend.count_tokens))
         return [record for doc, plan in zip(docs, plans) for record in records_of(doc, plan, cfg, provenance)]
 
     rephrase.rewriter = rewriter  # its .stats: the last batch's requests in flight (bench/rephrase_client.py)
@@ -116,21 +121,50 @@ def make_embedder():
     return Embedder(device="cuda" if torch.cuda.is_available() else "cpu")
 
 
-def plan_document(doc: Document, cfg: Config, styles: list[StyleConfig], count) -> Plan:
+PLAN_GROUP = 16  # documents chunked at a time: the first requests go out after ~16, not the whole batch
+
+
+def plan_longest_first(docs: list[Document], plans: list[Plan], cfg: Config, styles, count) -> Iterator[list[Slot]]:
+    """Fills plans[i] for each document, longest first, PLAN_GROUP at a time, yielding their slots:
+    a long document's chain of chunks (one latency each) starts at once instead of trailing alone
+    at the end of the batch (longest-processing-time-first scheduling)."""
+    order = sorted(range(len(docs)), key=lambda i: -len(docs[i]["text"]))
+    for start in range(0, len(order), PLAN_GROUP):
+        group = order[start : start + PLAN_GROUP]
+        for i, plan in zip(group, plan_documents([docs[i] for i in group], cfg, styles, count)):
+            plans[i] = plan
+        yield [slot for i in group for slot in plans[i].slots]
+
+
+def plan_documents(docs: list[Document], cfg: Config, styles: list[StyleConfig], count) -> list[Plan]:
+    """Each document's plan; the texts to rewrite are chunked together (split_many: one tokenizer
+    call per level for the batch)."""
+    plans, orders = [], []
+    for doc in docs:
+        plan, order = plan_document(doc, cfg, styles)
+        plans.append(plan)
+        orders.append(order)
+    todo = [i for i, order in enumerate(orders) if order]
+    chunked = split_many([docs[i]["text"] for i in todo], cfg.chunk_tokens, count)
+    sizes = count_many(chunked, count)
+    for i, chunks, chunk_sizes in zip(todo, chunked, sizes):
+        if len(chunks) > cfg.max_chunks:
+            plans[i] = Plan(skip="too_long")
+            continue
+        spares = orders[i][cfg.rewrites :]  # one list shared by the slots: a style serves one rewrite only
+        plans[i].slots = [Slot(chunks, chunk_sizes, style, spares, cfg.style_retries) for style in orders[i][: cfg.rewrites]]
+    return plans
+
+
+def plan_document(doc: Document, cfg: Config, styles: list[StyleConfig]) -> tuple[Plan, list[StyleConfig]]:
+    """The document's plan before chunking, and its styles in order ([] when it is not rewritten)."""
     if doc["kind"] not in cfg.kinds or doc["media"]:
-        return Plan(untouched=True)
+        return Plan(untouched=True), []
     if not doc["text"].strip():
-        return Plan(skip="empty_text")
+        return Plan(skip="empty_text"), []
     domain = "math" if doc["meta"].get("domain") == "math" or doc["source"] in cfg.math_sources else "knowledge"
     order = style_order(eligible_styles(styles, domain, doc["text"]), doc["id"], cfg.backend.seed)
-    if not order:
-        return Plan(skip="no_style")
-    chunks = split_chunks(doc["text"], cfg.chunk_tokens, count)
-    if len(chunks) > cfg.max_chunks:
-        return Plan(skip="too_long")
-    sizes = count(chunks)
-    spares = order[cfg.rewrites :]  # one list shared by the slots: a style serves one rewrite only
-    return Plan(slots=[Slot(chunks, sizes, style, spares, cfg.style_retries) for style in order[: cfg.rewrites]])
+    return (Plan(), order) if order else (Plan(skip="no_style"), [])
 
 
 def records_of(doc: Document, plan: Plan, cfg: Config, provenance: dict) -> list[Document]:
