@@ -40,6 +40,10 @@ class Config(StageConfig):
     fallback_min_chars: int = Field(200, ge=0)  # "article"/"fallback": below this, ask trafilatura too
     # A container with less than half the page's main text is a teaser or one section, not the article.
     container_min_share: float = Field(0.5, ge=0, le=1)
+    # "article"/"precise": drop the blocks around the article (bylines, captions, gallery slides,
+    # related stories, link lists; datapipe.text.blocks): news F1 0.916 -> 0.954 on the gold pages.
+    drop_blocks: bool = True
+    good_block_chars: int = Field(80, ge=1)  # a block this long (mostly not links) is the article's text
     include_tables: bool = True  # table cells are content on many pages (specs, prices, results)
     batch_size: int = 64  # pages cost ~1-20 ms each; 64 keeps tasks short
 
@@ -68,6 +72,19 @@ def main_text(tree) -> str:
     return extract_plain_text(tree, main_content=True, comments=False, alt_texts=False, links=False,
                               form_fields=False, noscript=False, list_bullets=True,
                               preserve_formatting=True).strip()
+
+
+def article_main_text(tree, cfg: Config) -> str:
+    """main_text less the boilerplate blocks around the article (datapipe.text.blocks)."""
+    from resiliparse.extract.html2text import extract_plain_text
+
+    from datapipe.text.blocks import Rules, drop_boilerplate, parse_blocks, render
+
+    if not cfg.drop_blocks:
+        return main_text(tree)
+    markup = extract_plain_text(tree, main_content=True, comments=False, alt_texts=False, links=True,
+                                form_fields=False, noscript=False, preserve_formatting="minimal_html")
+    return render(drop_boilerplate(parse_blocks(markup), Rules(good_weight=cfg.good_block_chars)))
 
 
 def with_resiliparse(html: str, cfg: Config) -> tuple[str, str]:
@@ -118,12 +135,12 @@ def article_text(html: str, cfg: Config) -> tuple[str, bool]:
     from resiliparse.parse.html import HTMLTree
 
     tree = HTMLTree.parse(html)
-    text = main_text(tree)
-    narrowed = container_text(tree, len(text) * cfg.container_min_share)
+    text = article_main_text(tree, cfg)
+    narrowed = container_text(tree, len(text) * cfg.container_min_share, cfg)
     return (narrowed, True) if narrowed is not None else (text, False)
 
 
-def container_text(tree, min_chars: float) -> str | None:
+def container_text(tree, min_chars: float, cfg: Config) -> str | None:
     """Main text of the page's only article container, if it holds at least min_chars."""
     from resiliparse.parse.html import HTMLTree
 
@@ -133,7 +150,7 @@ def container_text(tree, min_chars: float) -> str | None:
         found = tree.body.query_selector_all(selector)
         if len(found) != 1:  # none, or a list of teasers: no single article to narrow to
             continue
-        text = main_text(HTMLTree.parse(found[0].html))
+        text = article_main_text(HTMLTree.parse(found[0].html), cfg)
         if text and len(text) >= min_chars:
             return text
     return None
