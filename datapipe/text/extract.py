@@ -9,12 +9,12 @@ Backends, measured on the 211 pages of shared/data/web_text/html_pages that carr
 - article (default): resiliparse, narrowed to the page's one article container
   (schema.org articleBody, else a single <article>, else a single <main>) when that container
   holds at least `container_min_share` of the page's main text, so "related stories" and
-  sidebars outside it go; trafilatura when resiliparse keeps under `fallback_min_chars`
-  (about 5% of pages). F1 0.953 vs trafilatura's 0.933 at ~9x its speed, though 0.009 short
-  of it on the 23 news pages;
+  sidebars outside it go; then the blocks around the article inside it go too (bylines,
+  captions, gallery slides, teasers, link lists: datapipe.text.blocks); trafilatura when
+  resiliparse keeps under `fallback_min_chars` (about 2% of pages). F1 0.960 vs trafilatura's
+  0.933 at ~8x its speed, and above it on each page type (news 0.954 vs 0.925);
 - precise: as article, but trafilatura (favor_precision) on every page without such a container
-  (about half of them): the best F1 (0.958), news pages included (0.960 vs 0.925), at about
-  trafilatura's speed (1.2x);
+  (about half of them): news 0.966, at about trafilatura's speed (1.5x);
 - fallback: resiliparse, and trafilatura only below `fallback_min_chars` (the old default).
 Documents of other kinds pass untouched; a page with no text left is rejected
 (extract.empty) and one that crashes the extractor is rejected (extract.error) by the runner.
@@ -35,13 +35,13 @@ CONTAINERS = ("[itemprop=articleBody]", "article", "main")
 
 
 class Config(StageConfig):
-    backend: Backend = "article"  # above trafilatura's F1 on the gold pages at ~9x its speed (README, Text cleaning)
+    backend: Backend = "article"  # above trafilatura's F1 on every page type at ~8x its speed (README, Text cleaning)
     min_chars: int = Field(1, ge=1)  # fewer characters of main text: rejected as extract.empty
     fallback_min_chars: int = Field(200, ge=0)  # "article"/"fallback": below this, ask trafilatura too
     # A container with less than half the page's main text is a teaser or one section, not the article.
     container_min_share: float = Field(0.5, ge=0, le=1)
     # "article"/"precise": drop the blocks around the article (bylines, captions, gallery slides,
-    # related stories, link lists; datapipe.text.blocks): news F1 0.916 -> 0.954 on the gold pages.
+    # teasers, link lists; datapipe.text.blocks): news F1 0.916 -> 0.954, all 0.953 -> 0.960.
     drop_blocks: bool = True
     good_block_chars: int = Field(80, ge=1)  # a block this long (mostly not links) is the article's text
     include_tables: bool = True  # table cells are content on many pages (specs, prices, results)
