@@ -160,6 +160,8 @@ def test_langid_sets_language_and_filters():
     assert unsure["reject"] == "langid.low_score" and unsure["language_score"] < 0.99
     assert run(langid, ARTICLE, min_score=0.5)["reject"] == ""
     assert langid.to_confidence(1.00012) == 1.0 and langid.to_confidence(0.123456) == 0.1235
+    with pytest.raises(ValueError, match="min_score"):  # a score is 0-1: 1.5 would reject every document
+        langid.Config(stage="langid", min_score=1.5)
 
 
 def test_pii_is_replaced_by_typed_placeholders_and_counted():
