@@ -9,8 +9,12 @@ whole extraction). Rules, after jusText (Pomikalek 2011) and Readability.js, non
 to a page:
 - a block with no letter carries no text (chart axes, pagination "1 2 3", counters);
 - a short block repeated on the page is a template (a gallery caption per slide): kept once;
-- the article runs from its first to its last good block (long, mostly not links); short or
-  link-dense blocks before and after it are chrome. Headings are kept when text follows them.
+- the article runs from its first to its last good block (80+ characters, at most half of them
+  in links), with the short paragraphs, list items and headings right next to it; lines outside
+  paragraphs and link-dense blocks beyond them are chrome. When paragraphs hold 70% of the
+  text, the article is written in paragraphs, and lines outside them do not count as good.
+On the 153 gold pages of bench/extract.py: news F1 0.916 -> 0.954, all pages 0.953 -> 0.960, at
+~0.7 ms a page (resiliparse's extraction itself: ~2 ms).
 """
 from __future__ import annotations
 
@@ -97,6 +101,8 @@ class Rules:
 
 
 def drop_boilerplate(blocks: list[Block], rules: Rules = Rules()) -> list[Block]:
+    """The article's blocks: letterless blocks and repeated templates out, then the run from
+    the first to the last good block, widened over the short blocks next to it."""
     blocks = [b for b in blocks if b.kind == "pre" or LETTER.search(b.text)]
     blocks = drop_repeats(blocks, rules)
     good = [i for i, b in enumerate(blocks) if is_good(b, rules)]
