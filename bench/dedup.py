@@ -15,7 +15,7 @@ document consumed by the driver, kept JSONL out). For reference, the stage's fun
 this process: a pool of 2 (signatures) and find_clusters. Recall: planted copies removed (or
 their original, one of the pair) / planted. Precision: removed documents that are planted
 copies or whose true word-5-gram Jaccard with their cluster's survivor is >= 0.7 / removed.
-Run: .venv/bin/python bench/dedup.py [--sizes 3264,13056]   (make bench-deps first)
+Run: .venv/bin/python bench/dedup.py [--sizes 3264,13056] [--repeat 3]   (make bench-deps first)
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -191,18 +192,26 @@ def near(doc: int, texts: list[str]) -> list[int]:
         [i for i, t in enumerate(texts) if i != doc and t[-200:] == texts[doc][-200:]]
 
 
-def measure(texts: list[str], base_count: int, copies: list) -> dict:
-    """One corpus: both sides as whole processes, the stage functions alone, recall and precision."""
+def measure(texts: list[str], base_count: int, copies: list, repeat: int) -> dict:
+    """One corpus: both sides as whole processes, `repeat` trials taken in turn (ours, datatrove,
+    ours, ...) so a change in the shared machine's load falls on both; medians of the seconds and
+    of the per-trial ratios. Then the stage functions alone, recall and precision."""
     removed_direct, direct_s = run_ours(texts)
-    with tempfile.TemporaryDirectory() as work:
-        ours_s = whole_process("ours", texts, Path(work) / "ours")
-        removed_ours = removed_by("ours", Path(work) / "ours", len(texts))
-        theirs_s = whole_process("datatrove", texts, Path(work) / "datatrove")
-        removed_theirs = removed_by("datatrove", Path(work) / "datatrove", len(texts))
+    ours_times, their_times = [], []
+    for trial in range(repeat):
+        with tempfile.TemporaryDirectory() as work:
+            ours_times.append(whole_process("ours", texts, Path(work) / "ours"))
+            removed_ours = removed_by("ours", Path(work) / "ours", len(texts))
+            their_times.append(whole_process("datatrove", texts, Path(work) / "datatrove"))
+            removed_theirs = removed_by("datatrove", Path(work) / "datatrove", len(texts))
+        print(f"  {len(texts)} docs, trial {trial + 1}: ours {ours_times[-1]:.1f} s, datatrove {their_times[-1]:.1f} s,"
+              f" x{their_times[-1] / ours_times[-1]:.2f}", flush=True)
     assert removed_direct == removed_ours, "the runner and the stage functions disagree"
+    ours_s, theirs_s = statistics.median(ours_times), statistics.median(their_times)
+    ratio = statistics.median(t / o for o, t in zip(ours_times, their_times))
     recall, precision = score(set(removed_ours), texts, base_count, copies, removed_ours)
     their_recall, their_precision = score(set(removed_theirs), texts, base_count, copies)
-    return {"docs": len(texts), "ours_s": ours_s, "datatrove_s": theirs_s, "direct_s": direct_s,
+    return {"docs": len(texts), "ours_s": ours_s, "datatrove_s": theirs_s, "ratio": ratio, "direct_s": direct_s,
             "removed": len(removed_ours), "datatrove_removed": len(removed_theirs), "recall": recall,
             "precision": precision, "datatrove_recall": their_recall, "datatrove_precision": their_precision}
 
@@ -210,6 +219,7 @@ def measure(texts: list[str], base_count: int, copies: list) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="3264,13056", help="corpus sizes in documents, comma-separated")
+    parser.add_argument("--repeat", type=int, default=1, help="trials per size, ours and datatrove in turn; medians")
     parser.add_argument("--side", choices=("ours", "datatrove"), help=argparse.SUPPRESS)  # a child process
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -224,17 +234,17 @@ def main() -> None:
     similarity = float(np.median([jaccard(base[i], text) for i, text in copies]))
     results = []
     for size in map(int, args.sizes.split(",")):
-        result = measure(grow(planted, size), len(base), copies)
+        result = measure(grow(planted, size), len(base), copies, args.repeat)
         results.append(result)
         print(f"{result['docs']} docs: ours {result['ours_s']:.1f} s whole process (stage functions alone "
               f"{result['direct_s']:.1f} s), removed {result['removed']}, recall {result['recall']:.3f}, precision "
               f"{result['precision']:.3f}; datatrove {result['datatrove_s']:.1f} s, removed "
               f"{result['datatrove_removed']}, recall {result['datatrove_recall']:.3f}, precision "
-              f"{result['datatrove_precision']:.3f}; x_vs_datatrove={result['datatrove_s'] / result['ours_s']:.2f}",
+              f"{result['datatrove_precision']:.3f}; x_vs_datatrove={result['ratio']:.2f}",
               flush=True)
-    speedups = {r["docs"]: r["datatrove_s"] / r["ours_s"] for r in results}
+    speedups = {r["docs"]: r["ratio"] for r in results}
     print(f"bench dedup: sizes={args.sizes} planted={len(copies)} planted_median_jaccard={similarity:.2f} "
-          f"workers={WORKERS} " + " ".join(f"x_vs_datatrove_{n}={x:.2f}" for n, x in speedups.items())
+          f"workers={WORKERS} repeat={args.repeat} " + " ".join(f"x_vs_datatrove_{n}={x:.2f}" for n, x in speedups.items())
           + f" min_x_vs_datatrove={min(speedups.values()):.2f} recall={min(r['recall'] for r in results):.3f} "
           f"precision={min(r['precision'] for r in results):.3f}")
 
