@@ -46,7 +46,8 @@ def test_demo_goes_through_every_part_of_the_pipeline(demo_run):
     assert {"render.invalid", "render.blank", "render.external_reference", "render.entity_bomb"} <= rejected.keys()
     assert stats["written"]["facts"] == 1  # the rewrite that passed, under its original's id
     [rewrite] = stats["rewrites"]  # the sample of passed rewrites keeps its scores, its source and its text
-    assert rewrite["id"] == rewrite["source_id"] == "facts/great-wall" and rewrite["source_head"].startswith("The Great")
+    assert rewrite["id"] == rewrite["source_id"] and rewrite["id"].startswith("facts/great-wall@")  # id_field's value, placed
+    assert rewrite["source_head"].startswith("The Great")
     assert {"loop", "copied", "numbers_dropped", "length_ratio"} <= rewrite["scores"].keys()
     assert stats["rewrite_styles"] == {rewrite["style"]: 1}
     assert [name for name in stats["phases"]] == ["short", "long"]
