@@ -107,7 +107,7 @@ def ours_on_ray(corpus: Path, work: Path) -> None:
         for table in build_plan(recipe, work=Store(work / "work")).iter_batches(batch_format="pyarrow", batch_size=None):
             for doc in docs_from_table(table):
                 if doc["reject"].startswith("dedup."):
-                    removed[doc["source_id"]] = doc["notes"]["dedup"]["cluster"].split("/")[-1]
+                    removed[doc["source_id"]] = doc["notes"]["dedup"]["cluster"].split("/")[-1].split("@")[0]  # b/<id>@<place>
                 elif not doc["reject"]:
                     kept.write(json.dumps({"id": doc["source_id"], "text": doc["text"]}) + "\n")
     (work / "removed.json").write_text(json.dumps(removed))
