@@ -116,6 +116,31 @@ def build_scene(meshes: list, options: ViewOptions, cad: bool, background: list[
     return scene, edges_node
 
 
+def shaders_in_memory() -> None:
+    """pyrender reads a shader's source file when it first compiles that program, which can be after
+    the worker dropped to its unprivileged uid: from a checkout or venv inside a private folder (a
+    home of mode 0700, `mktemp -d`) every view then failed with PermissionError on mesh.vert.
+    Read them all now, while trusted, and let pyrender's module open them from memory."""
+    import builtins
+    import os
+
+    from pyrender import shader_program
+
+    if getattr(shader_program, "sources_in_memory", False):
+        return
+    folder = os.path.join(os.path.dirname(shader_program.__file__), "shaders")
+    sources = {}
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name)) as source:
+            sources[os.path.join(folder, name)] = source.read()
+
+    def open_shader(path, *args, **kwargs):
+        return io.StringIO(sources[path]) if path in sources else builtins.open(path, *args, **kwargs)
+
+    shader_program.open = open_shader  # the module's own name `open` is looked up before the builtin
+    shader_program.sources_in_memory = True
+
+
 def stable_context_keys() -> None:
     """pyrender caches compiled shader programs under OpenGL.contextdata.getContext(), which in PyOpenGL
     3.1.10 (the version whose OSMesa binding works) returns a new pointer object per call: the cache
@@ -143,6 +168,7 @@ class ViewRenderer:
     def __init__(self):
         self.renderer = None
         self.size = 0
+        shaders_in_memory()
 
     def render(self, meshes: list, options: ViewOptions, size: int, background: list[int], cad: bool, up: str
                ) -> list[bytes]:

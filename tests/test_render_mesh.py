@@ -124,3 +124,19 @@ def test_a_texture_that_is_a_decompression_bomb_is_too_large(renderer, tmp_path)
     textures = [p for p in tmp_path.iterdir() if p.suffix == ".png"]
     Image.new("1", (20000, 20000)).save(textures[0])  # 400 M pixels in ~60 KB of PNG
     assert reason(renderer, tmp_path, "box.obj") == "too_large"
+
+
+def test_views_render_when_the_libraries_sit_in_a_private_folder(tmp_path, monkeypatch):
+    """A checkout or venv inside a folder only root may enter (a home of mode 0700, `mktemp -d`):
+    the worker drops to its own uid after it starts, so it must have read what the views need by
+    then (pyrender read its shader sources at the first draw: every view was render.crashed)."""
+    import pyrender
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "pyrender").symlink_to(pyrender.__path__[0])  # the worker imports pyrender from here
+    monkeypatch.syspath_prepend(str(private))
+    trimesh.creation.box().export(tmp_path / "cube.obj")
+    with contextlib.closing(MeshRenderer()) as mesh:
+        cube = silhouette(render(mesh, tmp_path, "cube.obj", views=FRONT).images[0])
+    assert fill_ratio(cube) > 0.97
