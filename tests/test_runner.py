@@ -19,7 +19,8 @@ from tokenizer.bpe import load_tokenizer
 
 # ids repeat, as a source's id_field may: within mixed.jsonl (g0-g4 twice) and across files (g5-g14 in more.jsonl.gz)
 GOOD = [{"id": f"g{i % 15}", "text": " ".join(WORDS[i % 7 :]) * (1 + i % 5)} for i in range(40)]
-BAD = [b'{"id": "cut", "text": "no end', b'{"id": "latin1", "text": "caf\xe9"}', b'{"id": "empty", "text": " "}',
+# the cut line holds U+2028 and U+0085 raw: str.splitlines ends a line at each (a real web text's did)
+BAD = [b'{"id": "cut", "text": "no\xe2\x80\xa8end\xc2\x85', b'{"id": "latin1", "text": "caf\xe9"}', b'{"id": "empty", "text": " "}',
        b'{"id": "notext"}']
 
 
@@ -62,6 +63,13 @@ def test_rejects_file_names_source_position_and_reason(finished_run):
     assert by_reason["read.bad_json"]["source_id"].endswith("mixed.jsonl:21")
     assert by_reason["read.missing_file"]["source_id"].endswith("missing.jsonl")
     assert all(r["source"] == "web" for r in rejects)
+
+
+def test_a_reject_holding_unicode_line_separators_stays_one_line(finished_run):
+    text = b"".join(path.read_bytes() for path in sorted((finished_run / "rejects").glob("*.jsonl"))).decode()
+    assert len(text.splitlines()) == len(list(read_rejects(finished_run))) == 5  # no record split in two
+    cut = next(r for r in read_rejects(finished_run) if r["reject"] == "read.bad_json")
+    assert "no\u2028end\x85" in cut["text"]
 
 
 def test_every_token_comes_back_from_the_shards(finished_run, tiny_tokenizer):

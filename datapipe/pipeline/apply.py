@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import time
 from functools import lru_cache
-from typing import Callable
+from typing import Any, Callable
 
 from datapipe.pipeline import registry
 from datapipe.schema import TIMING_FIELDS, Document, docs_from_table, docs_to_table, mark_transform
 
 DERIVED_BITS = 12  # Document.position = record index << 12 | n for the n-th record a stage derives from it
+LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}  # line ends json.dumps leaves raw
 
 
 @lru_cache(maxsize=32)
@@ -104,7 +105,14 @@ def reject_line(doc: Document) -> str:
     the timings (a rerun's rejects files are byte-identical)."""
     head = {k: doc[k] for k in ("id", "source", "source_id", "kind", "reject", "error")}
     rest = {k: v for k, v in doc.items() if k not in head and k not in ("text", "media", "tokens", *TIMING_FIELDS)}
-    return json.dumps({**head, "text": doc["text"][:2000], **rest}, ensure_ascii=False)
+    return json_line({**head, "text": doc["text"][:2000], **rest})
+
+
+def json_line(value: Any) -> str:
+    """One JSON line, UTF-8 kept readable, with U+0085, U+2028 and U+2029 escaped: raw, they end a line
+    for str.splitlines and many JSONL readers, and a web text holding one split its record in two."""
+    return json.dumps(value, ensure_ascii=False).translate(LINE_BREAKS)
+
 
 
 def place_derived(docs: list[Document]) -> None:

@@ -30,7 +30,7 @@ from datapipe.packing.bfd import SpecialIds
 from datapipe.packing.corpus import corpus_from_tables, pack_reasons, piece_table, read_piece, write_piece
 from datapipe.packing.curriculum import MISS_REASONS, CurriculumPhase, supply_of
 from datapipe.packing.groups import read_usage
-from datapipe.pipeline.apply import DERIVED_BITS, record_busy, reject_line
+from datapipe.pipeline.apply import DERIVED_BITS, json_line, record_busy, reject_line
 from datapipe.pipeline.stats import RunStats
 from datapipe.schema import Document, docs_from_table, new_document
 from datapipe.storage import Store
@@ -206,7 +206,7 @@ def account_partition(partition: Partition, phases: list[str], work: Store, out:
     file (out/rejects/p000042.jsonl: every reject of the partition, in run order) is written; the
     run figures these late rejects change are returned and kept in its account marker."""
     corpus = corpus_from_tables([read_piece(work, name) for name in partition.pieces], [])
-    lines = [json.loads(line) for name in partition.rejects for line in work.read_bytes(name).decode().splitlines()]
+    lines = [json.loads(line) for name in partition.rejects for line in work.read_bytes(name).split(b"\n") if line]
     stats = RunStats("")
     if len(corpus.lengths) and phases:  # no phases: a run stopped before packing writes its readers' rejects
         uses, miss = read_usage(work, phases, partition.index)
@@ -221,7 +221,7 @@ def account_partition(partition: Partition, phases: list[str], work: Store, out:
     lines.sort(key=lambda line: line["position"])
     if lines:
         out.write_bytes(rejects_name(partition.index),
-                        "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode())
+                        "".join(json_line(line) + "\n" for line in lines).encode())
     account = {"stats": stats.counters(), "rejects": len(lines)}
     if phases:  # the partition's account is final: a rerun reads it back
         work.write_bytes(account_name(partition.index), json.dumps(account).encode())
