@@ -10,6 +10,16 @@ this module and the schema, never the pipeline.
 A global stage (dedup) must see the whole dataset, not one batch: its module also defines
 `transform_dataset(dataset, config, context)`, which returns a new dataset built with the
 dataset's own methods only; `context` (a GlobalContext) carries what else it needs from the run.
+Its partition form, which lets recipes holding it run as partition tasks in passes
+(datapipe.pipeline.partition_task), is three more functions:
+- `gather(docs, config, work) -> int`: in each partition task, on each block of documents that
+  reached the stage; writes what the decision needs under `work` (the stage's folder) and returns
+  how many live documents it took;
+- `decide(config, tasks, partitions, live) -> token`: on the driver once every partition is
+  gathered (`live` documents in all); puts the work on the cluster through `tasks` (a GlobalTasks),
+  never holding what grows with the corpus; returns a token naming the decision (a rerun that
+  finds the decision made returns its token at once);
+- `decision(config, work, token)`: the picklable per-batch step that applies it in the next pass.
 """
 from __future__ import annotations
 
@@ -99,6 +109,17 @@ class GlobalContext:
     # task operator with the run's accounting (rejected records pass by, none dropped, transforms marked)
     map_documents: Callable[[Any, Callable[[list], list]], Any]
     work: Store  # the stage's own folder in the run: kept when a killed run is rerun, so finished work is reused
+
+
+@dataclass(frozen=True)
+class GlobalTasks:
+    """What the runner hands a global stage's `decide`: its folder and two ways onto the cluster."""
+
+    work: Store  # the stage's own folder in the run, as GlobalContext.work
+    run_task: Callable[..., Any]  # run_task(fn, *args): fn(*args) as one Ray task with the stage's resources; its result
+    # dataset_of(items, fn): a dataset of the Arrow tables fn(item) returns, a task an item (for the
+    # distributed passes, which use the dataset's own methods as transform_dataset does)
+    dataset_of: Callable[[list, Callable[[Any], Any]], Any]
 
 
 def load(target: str) -> Any:

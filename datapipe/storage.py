@@ -174,6 +174,21 @@ class Store:
             raise
         commit_local(temporary, final)
 
+    def write_table(self, name: str, table: Any) -> None:
+        """An Arrow table as an Arrow IPC file, whole or not at all."""
+        import pyarrow as pa
+
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        self.write_bytes(name, sink.getvalue().to_pybytes())
+
+    def read_table(self, name: str) -> Any:
+        """The Arrow table of an Arrow IPC file that write_table wrote."""
+        import pyarrow as pa
+
+        return pa.ipc.open_file(pa.py_buffer(self.read_bytes(name))).read_all()
+
     def put(self, source: Path, name: str) -> None:
         """A finished local file (written by the caller under a temporary name) into the store, then gone
         from where it was: renamed on a local store (same filesystem), uploaded to a remote one."""

@@ -98,6 +98,7 @@ def kill_when(process: subprocess.Popen, reached, timeout: float = 600) -> None:
 
 
 POINTS = {
+    "gathering": lambda out: len(list((out / "_work" / "passes" / "1").glob("*.json"))) >= 3,  # blocks stored for dedup
     "dedup": lambda out: any((out / "_work" / "stages").glob("*-dedup/verdicts/*")),
     "reading": lambda out: len(list((out / "_work" / "partitions").glob("*.json"))) >= 3,
     "packing": lambda out: any((out / "_work" / "phases").glob("*/g*.json")),
@@ -107,12 +108,12 @@ POINTS = {
 
 @pytest.mark.slow
 def test_a_run_killed_at_every_point_resumes_to_byte_identical_shards(reference, tmp_path, tiny_tokenizer):
-    """Killed while dedup writes its verdicts, then (resumed) while partitions commit, while
-    packing, while accounting; the last rerun finishes it: the shards, figures and rejects are the
+    """Killed while the pass before dedup stores partitions, then (resumed) while dedup writes its
+    verdicts, while partitions commit, while packing, while accounting; the last rerun finishes it: the shards, figures and rejects are the
     uninterrupted run's."""
     ref_dir, digests, ref_stats = reference
     recipe, out = recipe_file(tmp_path, tiny_tokenizer), tmp_path / "out"
-    for attempt, point in enumerate(("dedup", "reading", "packing", "accounting")):
+    for attempt, point in enumerate(("gathering", "dedup", "reading", "packing", "accounting")):
         process = datapipe_run(recipe, "--out", out)
         kill_when(process, lambda point=point: POINTS[point](out))
         assert not (out / "run.json").exists()  # a killed run never looks finished

@@ -13,12 +13,22 @@ import yaml
 
 from datapipe import cli
 from datapipe.pipeline.inspect import read_rejects
-from datapipe.pipeline.runner import add_stage, map_documents
+from datapipe.pipeline.runner import add_stage, map_documents, run_task
+from datapipe.pipeline.runner import dataset_of as runner_dataset_of
 from datapipe.schema import docs_from_table, docs_to_table, new_document
-from datapipe.stage import GlobalContext
+from datapipe.stage import GlobalContext, GlobalTasks
 from datapipe.storage import Store
 from datapipe.text import components
-from datapipe.text.dedup import Config, find_clusters, make_stage, signature_row, transform_dataset
+from datapipe.text.dedup import (
+    Config,
+    decide,
+    decision,
+    find_clusters,
+    gather,
+    make_stage,
+    signature_row,
+    transform_dataset,
+)
 from tests.test_warc import http_response, warc_record
 
 NOUNS = (
@@ -171,6 +181,32 @@ def test_distributed_dedup_equals_the_union_find(ray_session, tmp_path, one_task
     assert has_chain(planted_corpus(1), Config(stage="dedup"))
 
 
+@pytest.mark.parametrize("one_task_max_docs", [0, 10_000], ids=["distributed", "one_task"])
+def test_the_partition_form_equals_the_union_find(ray_session, tmp_path, one_task_max_docs):
+    """As passes of partition tasks run it: gather on each partition's blocks, decide on the cluster
+    through the runner's GlobalTasks, the decision applied to the stored blocks: find_clusters'
+    verdicts, through the one task and the distributed passes; a second decide reuses the first's."""
+    for seed, cfg in [(1, Config(stage="dedup")), (3, Config(stage="dedup", exact=False)),
+                      (4, Config(stage="dedup", near=False))]:
+        cfg, work = cfg.model_copy(update={"one_task_max_docs": one_task_max_docs}), Store(tmp_path / str(seed))
+        docs = sorted(planted_corpus(seed), key=lambda doc: (doc["partition"], doc["position"]))
+        blocks = [docs[i : i + 8] for i in range(0, len(docs), 8)]  # blocks of one partition each: cut at a change
+        blocks = [[doc for doc in block if doc["partition"] == p] for block in blocks for p in sorted({d["partition"] for d in block})]
+        live = {}
+        for block in blocks:
+            live[block[0]["partition"]] = live.get(block[0]["partition"], 0) + gather(block, cfg, work)
+        assert sum(live.values()) == sum(not doc["reject"] for doc in docs)
+        tasks = GlobalTasks(work, partial(run_task, cfg), runner_dataset_of)
+        token = decide(cfg, tasks, sorted(p for p, n in live.items() if n), sum(live.values()))
+        apply = decision(cfg, work, token)
+        out = [doc for block in blocks for doc in apply([{**doc, "notes": {}} for doc in block])]
+        assert verdicts_of(out) == reference_verdicts(docs, cfg)
+        done = work.read_bytes("done")
+        assert decide(cfg, tasks, [], 0) == token and work.read_bytes("done") == done  # made once: reused
+        with pytest.raises(ValueError, match="remove .* to redo them"):
+            decide(cfg.model_copy(update={"bands": 10}), tasks, [], 0)
+
+
 def has_chain(docs: list, cfg: Config) -> bool:
     """Whether some cluster holds two documents that share no key: joined only through others."""
     keys = {(doc["partition"], doc["position"]): set(signature_row(doc["text"], cfg)[1]) for doc in docs}
@@ -312,8 +348,9 @@ def test_cleaning_recipe_end_to_end_on_ray(tmp_path, tiny_tokenizer, ray_session
                    {"stage": "tokenize", "tokenizer": str(tiny_tokenizer)}],
         "phases": [{"name": "main", "seq_len": 64}], "ray": {"object_store_mb": 256}}
     (tmp_path / "clean.yaml").write_text(yaml.safe_dump(recipe))
-    assert cli.main(["run", str(tmp_path / "clean.yaml"), "--out", str(tmp_path / "out")]) == 0
-    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    out = tmp_path / "out"
+    assert cli.main(["run", str(tmp_path / "clean.yaml"), "--out", str(out)]) == 0
+    stats = json.loads((out / "stats.json").read_text())
     assert stats["balanced"] and sum(stats["records_in"].values()) == 10 + 1 + 4 + len(rows)
     assert stats["rejected"] == {"dedup.near_duplicate": 1, "dedup.exact_duplicate": 1, "read.warc_bad_gzip": 1,
                                  "quality.gopher_repetition.top_2_gram": 1}  # short: as datatrove
@@ -331,3 +368,13 @@ def test_cleaning_recipe_end_to_end_on_ray(tmp_path, tiny_tokenizer, ray_session
     rejects = {r["source_id"]: r for r in read_rejects(tmp_path / "out") if r["source"] == "docs"}
     assert rejects["copy-of-warc-0"]["notes"]["dedup"]["cluster"].startswith("crawl/")
     assert rejects["dup"]["notes"]["dedup"]["size"] == 2 and rejects["dup"]["notes"]["dedup"]["cluster"].startswith("docs/j0@")
+    # in passes of partition tasks (the default here) and as Ray Data's operator plan: the same bytes
+    assert stats["execution"] == "partition tasks"
+    ops = tmp_path / "ops"
+    assert cli.main(["run", str(tmp_path / "clean.yaml"), "--out", str(ops), "--set", "ray.partition_tasks=false"]) == 0
+    assert json.loads((ops / "stats.json").read_text())["execution"] == "an operator a stage"
+    for name in ["main/manifest.json", *(p.relative_to(ops).as_posix() for p in ops.glob("rejects/*"))]:
+        ours, theirs = (out / name).read_bytes(), (ops / name).read_bytes()
+        if name.endswith("manifest.json"):  # the recipe it holds differs in ray.partition_tasks alone
+            ours, theirs = ([s["sha256"] for s in json.loads(text)["shards"]] for text in (ours, theirs))
+        assert ours == theirs, name

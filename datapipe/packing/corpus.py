@@ -178,16 +178,8 @@ def corpus_from_documents(docs: list[Document], ids: SpecialIds, source_names: l
 
 def write_piece(store: Store, name: str, table) -> None:
     """A piece as an Arrow IPC file, whole or not at all."""
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    store.write_bytes(name, sink.getvalue().to_pybytes())
+    store.write_table(name, table)
 
 
 def read_piece(store: Store, name: str):
-    import pyarrow as pa
-
-    with store.open(name) as stream:
-        return pa.ipc.open_file(pa.py_buffer(stream.read())).read_all()
+    return store.read_table(name)

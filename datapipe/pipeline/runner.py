@@ -44,7 +44,17 @@ from datapipe.pipeline import reaper, registry
 from datapipe.pipeline.apply import apply_stage, build_stage, cached_stage
 from datapipe.pipeline.check import check_read, check_recipe, list_inputs
 from datapipe.pipeline.inputs import plan_partitions, read_partition
-from datapipe.pipeline.partition_task import READ_BATCH, PartitionJob, fits_partition_tasks, most_at_once, run_partition
+from datapipe.pipeline.partition_task import (
+    READ_BATCH,
+    PartitionJob,
+    Pass,
+    fits_partition_tasks,
+    most_at_once,
+    read_stored_marker,
+    run_partition,
+    split_passes,
+    stage_folder,
+)
 from datapipe.pipeline.partitions import (
     CommitSettings,
     Partition,
@@ -64,7 +74,7 @@ from datapipe.pipeline.sizing import held_problems, placement_problems, pool_bou
 from datapipe.pipeline.stats import RunStats
 from datapipe.pipeline.timeline import add_times, throughput
 from datapipe.schema import Document, docs_to_table
-from datapipe.stage import GlobalContext, StageConfig
+from datapipe.stage import GlobalContext, GlobalTasks, StageConfig
 from datapipe.storage import Store
 
 WAIT_S = 0.5  # how long the driver waits in Ray at a time: a Ctrl-C is seen within that
@@ -139,28 +149,87 @@ def uses_partition_tasks(recipe: Recipe) -> bool:
 
 def run_partition_tasks(recipe: Recipe, plan: list[dict[str, Any]], todo: list[int], settings: CommitSettings,
                         console: Console) -> list[Partition]:
-    """A Ray task per partition, as many in flight as the cluster runs (or the stages' `concurrency`
-    allows); the driver receives each partition's marker contents, nothing more."""
+    """The recipe's passes (partition_task.split_passes), each a Ray task per partition, a global stage's
+    decision between two; the driver receives each partition's marker contents, nothing more. A pass
+    that ends at a global stage runs only while no partition is committed, so `todo` is then every one."""
+    limit, decision = in_flight(recipe), None
+    for step in split_passes(recipe.stages):
+        if step.closing is None:
+            return run_pass(recipe, plan, todo, step, decision, settings, console, limit)
+        decision = gather_and_decide(recipe, plan, todo, step, decision, settings, console, limit)
+
+
+def gather_and_decide(recipe: Recipe, plan: list[dict[str, Any]], todo: list[int], step: Pass, decision: Any,
+                      settings: CommitSettings, console: Console, limit: int) -> Any:
+    """A pass that ends at a global stage, for the partitions it has not stored yet; then the stage's
+    decision (a killed run's is reused); its per-batch step for the next pass returned."""
+    stored = {index: read_stored_marker(settings.work, step.number + 1, index) for index in todo}
+    missing = [index for index, marker in stored.items() if marker is None]
+    for marker in run_pass(recipe, plan, missing, step, decision, settings, console, limit):
+        stored[marker["partition"]] = marker
+    _, cfg = step.closing
+    module, folder = registry.stage_module(cfg.stage), stage_folder(settings.work, step.closing)
+    live = {index: marker["live"] for index, marker in stored.items() if marker["live"]}
+    with console.status(f"{cfg.stage}: deciding over {sum(live.values()):,} documents of {len(live):,} partitions"):
+        token = module.decide(cfg, GlobalTasks(folder, partial(run_task, cfg), dataset_of), sorted(live),
+                              sum(live.values()))
+    return module.decision(cfg, folder, token)
+
+
+def run_pass(recipe: Recipe, plan: list[dict[str, Any]], todo: list[int], step: Pass, decision: Any,
+             settings: CommitSettings, console: Console, limit: int) -> list:
+    """One pass as a Ray task per partition, up to `limit` in flight; the tasks' results (partition_task.run_partition)."""
     import ray
 
     sources = {source.name: source for source in recipe.sources}
-    jobs = iter(PartitionJob(index, plan[index], sources[plan[index]["source"]], tuple(recipe.stages), settings)
+    jobs = iter(PartitionJob(index, plan[index], sources[plan[index]["source"]], step, settings, decision)
                 for index in todo)
     # SPREAD: partitions dealt over the nodes, where Ray's default fills the driver's node first
     task = ray.remote(run_partition).options(num_cpus=1, max_retries=3, scheduling_strategy="SPREAD")
-    pending, committed, shown, limit = {}, [], RunStats(recipe.name), in_flight(recipe)
+    pending, results, shown = {}, [], RunStats(recipe.name)
     with partition_progress(console) as progress:
-        bar = progress.add_task(recipe.name, total=len(todo), records=0, tokens=0, rps=0.0, tps=0.0)
+        bar = progress.add_task(pass_label(recipe, step), total=len(todo), records=0, tokens=0, rps=0.0, tps=0.0)
         while True:
             for job in islice(jobs, limit - len(pending)):
                 pending[task.remote(job)] = job
             if not pending:
-                return committed
+                return results
             ready = next_done(pending)
             del pending[ready]
-            committed.append(ray.get(ready))
-            shown.add(committed[-1].stats)
-            update_progress(progress, bar, shown, partitions=len(committed))
+            results.append(ray.get(ready))
+            shown.add(results[-1].stats if step.closing is None else results[-1]["stats"])
+            update_progress(progress, bar, shown, partitions=len(results))
+
+
+def pass_label(recipe: Recipe, step: Pass) -> str:
+    """The bar's name: the recipe's, and with global stages which stretch of the recipe this pass is."""
+    if step.opening is None and step.closing is None:
+        return recipe.name
+    begin = "read" if step.opening is None else step.opening[1].stage
+    return f"{recipe.name}: {begin} -> {'commit' if step.closing is None else step.closing[1].stage}"
+
+
+def run_task(cfg: StageConfig, fn: Callable, *args: Any) -> Any:
+    """fn(*args) as one Ray task with the stage's resources (GlobalTasks.run_task); its result."""
+    import ray
+
+    ref = ray.remote(fn).options(max_retries=3, **cfg.reservation()).remote(*args)
+    return ray.get(next_done({ref: None}))
+
+
+def dataset_of(items: list, fn: Callable[[Any], Any]):
+    """A dataset of the Arrow tables fn(item) returns, a Ray task an item (GlobalTasks.dataset_of)."""
+    import ray
+
+    configure_ray_data()
+    dataset = ray.data.from_items([{"item": item} for item in items], override_num_blocks=max(len(items), 1))
+    dataset.context.shuffle_strategy = "sort_shuffle_pull_based"  # as add_stage sets for global stages
+    return dataset.map_batches(call_per_item, fn_kwargs={"fn": fn}, batch_size=1, batch_format="pyarrow")
+
+
+def call_per_item(items, fn: Callable[[Any], Any]) -> Iterator[Any]:
+    for item in items.column("item").to_pylist():
+        yield fn(item)
 
 
 def next_done(pending: dict) -> Any:
@@ -370,7 +439,7 @@ def build_plan(recipe: Recipe, plan: list[dict[str, Any]] | None = None, todo: l
     datasets = [dataset for dataset in datasets if dataset is not None]
     dataset = datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
     for index, cfg in enumerate(recipe.stages):
-        dataset = add_stage(dataset, cfg, work.child(f"stages/{index:02d}-{cfg.stage}"))
+        dataset = add_stage(dataset, cfg, stage_folder(work, (index, cfg)))
     return dataset
 
 

@@ -18,6 +18,9 @@ A global stage: the runner hands it the whole dataset (`transform_dataset`) and 
    batch's partitions (cached per process): the survivor stays; the others are rejected as
    dedup.exact_duplicate (its normalized text is an earlier member's) or dedup.near_duplicate.
    Every member gets notes["dedup"] = {"cluster": survivor id, "size": n}.
+In partition tasks (the partition form, datapipe.stage) step 1 is the pass before the stage, which
+stores its blocks; `gather` writes each block's key rows with their ids (work/keys/p000123/000000.arrow),
+`decide` runs steps 3-5 over those files, and the next pass applies the verdicts (step 6).
 Corpora of up to `one_task_max_docs` documents skip steps 3-5: their key rows go to one task,
 which clusters them with find_clusters and writes the same verdict files: one shuffle instead of
 the distributed passes' ~10 Ray Data stages, each with a fixed cost (the tests' four corpora of
@@ -39,19 +42,20 @@ import re
 import unicodedata
 import uuid
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from datapipe.schema import Document
-from datapipe.stage import GlobalContext, StageConfig
+from datapipe.stage import GlobalContext, GlobalTasks, StageConfig
 from datapipe.storage import Store
 from datapipe.text.components import EDGE, bucket_count, columns, connected_components, node_buckets, relabel
 from datapipe.text.gopher import sorted_runs
 
 WORD = re.compile(r"\w+")
+KEYS = "keys"  # work/keys/p000123/000000.arrow: a block's key rows, with ids (the partition form)
 VERDICTS = "verdicts"  # work/verdicts/p000123.arrow: a partition's verdicts (position, reason, survivor, size)
 DONE = "done"  # work/done, written last: the config the verdicts were made with and a token naming them
 STAR, ID = 0, 1  # rows grouped by survivor: a star edge (survivor, member) or a document's id
@@ -110,22 +114,86 @@ def find_duplicates(docs: Any, cfg: Config, work: Store) -> str:
     else:
         edges = keys.groupby("bucket").map_groups(key_edges, batch_format="pyarrow").materialize()
         if edges.count():
-            write_verdicts(docs, edges, work)
+            write_verdicts(docs, id_rows, edges, work)
+    return write_done(cfg, work)
+
+
+def write_done(cfg: Config, work: Store) -> str:
     done = json.dumps({"config": cfg.model_dump(include=VERDICT_FIELDS), "token": uuid.uuid4().hex})
     work.write_bytes(DONE, done.encode())
     return done
 
 
-def write_verdicts(docs: Any, edges: Any, work: Store) -> None:
-    """Steps 4-5: clusters as stars, each member's verdict, one file a partition."""
+def write_verdicts(records: Any, to_ids: Callable, edges: Any, work: Store) -> None:
+    """Steps 4-5: clusters as stars, each member's verdict, one file a partition. `to_ids` turns
+    `records` (documents, or key rows) into one id row a live document (id_rows, key_id_rows)."""
     stars = connected_components(edges.select_columns(list(EDGE)), bucket_count(2 * edges.count()))
-    buckets = bucket_count(docs.count())
+    buckets = bucket_count(records.count())
     members = stars.map_batches(star_rows, fn_kwargs={"buckets": buckets}, batch_size=None, batch_format="pyarrow")
-    ids = docs.map_batches(id_rows, fn_kwargs={"buckets": buckets}, batch_size=None, batch_format="pyarrow")
+    ids = records.map_batches(to_ids, fn_kwargs={"buckets": buckets}, batch_size=None, batch_format="pyarrow")
     verdicts = members.union(ids).groupby("bucket").map_groups(cluster_verdicts, batch_format="pyarrow")
     marks = edges.map_batches(exact_marks, batch_size=None, batch_format="pyarrow")
     verdicts.union(marks).groupby("part").map_groups(write_partition, fn_kwargs={"work": work},
                                                       batch_format="pyarrow").materialize()
+
+
+def gather(docs: list[Document], cfg: Config, work: Store) -> int:
+    """The partition form, in a partition task: a block's key rows with ids, for decide; its live count."""
+    import pyarrow as pa
+
+    live = [doc for doc in docs if not doc["reject"]]
+    if live:
+        table = pa.table({"text": [doc["text"] for doc in live], "reject": [""] * len(live),
+                          "partition": [doc["partition"] for doc in live], "position": [doc["position"] for doc in live],
+                          "id": [doc["id"] for doc in live]})
+        partition = f"{KEYS}/p{live[0]['partition']:06d}"
+        work.write_table(f"{partition}/{min(doc['position'] for doc in live):016x}.arrow",
+                         key_rows(table, cfg, buckets=1, with_ids=True))
+    return len(live)
+
+
+def decide(cfg: Config, tasks: GlobalTasks, partitions: list[int], live: int) -> str:
+    """The partition form, on the driver: steps 3-5 over the key rows of `partitions` (those that gathered
+    live documents; one task up to one_task_max_docs of them, else the distributed passes), then
+    work/done; its token."""
+    done = tasks.work.read_text(DONE)
+    if done is None:
+        tasks.work.remove(VERDICTS)  # a killed run's partial verdicts
+        if live <= cfg.one_task_max_docs:
+            tasks.run_task(verdicts_of_key_files, tasks.work, cfg, partitions)
+        else:
+            buckets = bucket_count(live * (int(cfg.exact) + cfg.bands * int(cfg.near)))
+            keys = tasks.dataset_of(partitions, partial(key_file_rows, work=tasks.work, buckets=buckets)).materialize()
+            edges = keys.groupby("bucket").map_groups(key_edges, batch_format="pyarrow").materialize()
+            if edges.count():
+                write_verdicts(keys, key_id_rows, edges, tasks.work)
+        done = write_done(cfg, tasks.work)
+    return check_done(done, cfg, tasks.work)
+
+
+def decision(cfg: Config, work: Store, token: str) -> Callable[[list[Document]], list[Document]]:
+    """The partition form's per-batch step: the verdicts decide wrote (step 6)."""
+    return Verdicts(work, token)
+
+
+def key_file_rows(partition: int, work: Store, buckets: int):
+    """A Ray task: a partition's key rows as gather wrote them, bucketed by key for the distributed passes."""
+    import pyarrow as pa
+
+    folder = f"{KEYS}/p{partition:06d}"
+    table = pa.concat_tables([work.read_table(f"{folder}/{name}") for name in work.list(folder)])
+    bucket = (table.column("key").to_numpy() % np.uint64(buckets)).astype(np.int64)
+    return table.set_column(table.schema.get_field_index("bucket"), "bucket", pa.array(bucket))
+
+
+def verdicts_of_key_files(work: Store, cfg: Config, partitions: list[int]) -> int:
+    """A Ray task: every partition's key rows clustered in one task (verdicts_in_one_task); the files written."""
+    import pyarrow as pa
+
+    tables = [work.read_table(f"{KEYS}/p{partition:06d}/{name}") for partition in partitions
+              for name in work.list(f"{KEYS}/p{partition:06d}")]
+    tables = [table for table in tables if len(table)]
+    return len(verdicts_in_one_task(pa.concat_tables(tables), cfg, work)) if tables else 0
 
 
 def check_done(done: str, cfg: Config, work: Store) -> str:
@@ -213,6 +281,17 @@ def key_edges(group):
                      "to_pos": pos[first[linked]], "exact": exact[linked]})
 
 
+def key_id_rows(keys, buckets: int):
+    """A Ray task: the id on each live document's slot-0 key row as a row of the survivor grouping."""
+    import pyarrow.compute as pc
+
+    first = keys.filter(pc.equal(keys.column("slot"), 0))
+    part, pos = columns(first, ("part", "pos"))
+    zeros = np.zeros(len(part), np.int64)
+    return survivor_table(ID, node_buckets(part, pos, buckets), part, pos, zeros, zeros,
+                          np.array(first.column("id").to_pylist(), object))
+
+
 def star_rows(stars, buckets: int):
     """A Ray task: the star edges (member -> survivor) as rows of the survivor grouping."""
     member_part, member_pos, part, pos = columns(stars, EDGE)
@@ -290,10 +369,7 @@ def write_verdict_file(work: Store, partition: int, table):
     """One partition's verdicts (position, reason, survivor, size), by position, as an Arrow file."""
     import pyarrow as pa
 
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    work.write_bytes(verdict_file(partition), sink.getvalue().to_pybytes())
+    work.write_table(verdict_file(partition), table)
     return pa.table({"part": [partition], "verdicts": [len(table)]})
 
 
@@ -407,13 +483,10 @@ class Verdicts:
 def partition_verdicts(location: str, token: str, partition: int) -> dict[int, tuple[str, str, int]]:
     """{position: (reason, survivor id, size)} of a partition; a partition without a file has none.
     The token keeps verdicts cached for one run's folder from serving another run in the same worker."""
-    import pyarrow as pa
-
     try:
-        data = Store(location).read_bytes(verdict_file(partition))
+        table = Store(location).read_table(verdict_file(partition))
     except FileNotFoundError:
         return {}
-    table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
     return dict(zip(table.column("position").to_pylist(),
                     zip(*(table.column(name).to_pylist() for name in ("reason", "survivor", "size")))))
 
