@@ -9,9 +9,10 @@ Larger --sizes add rewrites of the shared documents with 30% of their words repl
 Both sides: 5-gram shingles, 14 bands x 8 rows, 2 workers, end to end (signatures,
 buckets, clusters, verdicts), each a whole process as a user waits for it, from start to
 exit, timed from here: imports and start-up count (Ray's ~3-5 s, datatrove's executor pools).
-datatrove through its LocalPipelineExecutor (JSONL in, kept JSONL out, on local disk); ours
-through the datapipe runner on a local 2-CPU Ray (JSONL source, the global dedup stage, every
-document consumed by the driver, kept JSONL out). For reference, the stage's functions alone in
+Both read the same two JSONL files (the corpus' halves, in order) and write the kept documents as
+compressed JSON lines on local disk: datatrove through its LocalPipelineExecutor (.jsonl.gz), ours
+as a user runs it, `datapipe run` on a recipe of the dedup stage and `phases: []` on a local
+2-CPU Ray (.jsonl.zst, and a rejects file naming each removed document's survivor). For reference, the stage's functions alone in
 this process: a pool of 2 (signatures) and find_clusters. Recall: planted copies removed (or
 their original, one of the pair) / planted. Precision: removed documents that are planted
 copies or whose true word-5-gram Jaccard with their cluster's survivor is >= 0.7 / removed.
@@ -89,28 +90,18 @@ def run_ours(texts: list[str]) -> tuple[set[int], float]:
     return removed, time.perf_counter() - started
 
 
-def ours_on_ray(corpus: Path, work: Path) -> None:
-    """The child process: the runner on a local 2-CPU Ray; writes {id: survivor id} of the removed."""
-    from datapipe.pipeline.recipe import RayConfig, validate_recipe
-    from datapipe.pipeline.runner import build_plan, connect
-    from datapipe.schema import docs_from_table
-    from datapipe.storage import Store
-    from datapipe.text.dedup import Config
+def ours_with_the_cli(corpus: Path, work: Path) -> None:
+    """The child process: `datapipe run` on a recipe of a JSONL source, the dedup stage and no phases
+    (the kept documents written as JSONL, as datatrove writes them), on a local 2-CPU Ray."""
+    import yaml
 
-    raw = {"name": "bench", "sources": [{"name": "b", "type": "jsonl", "paths": [str(corpus / "*.jsonl")],
-                             "id_field": "id"}],
-           "stages": [{"stage": "tokenize"}]}
-    recipe = validate_recipe(raw).model_copy(update={"stages": [Config(stage="dedup")]})
-    connect(RayConfig(num_cpus=WORKERS, object_store_mb=512), None)
-    removed = {}
-    with open(work / "kept.jsonl", "w") as kept:
-        for table in build_plan(recipe, work=Store(work / "work")).iter_batches(batch_format="pyarrow", batch_size=None):
-            for doc in docs_from_table(table):
-                if doc["reject"].startswith("dedup."):
-                    removed[doc["source_id"]] = doc["notes"]["dedup"]["cluster"].split("/")[-1].split("@")[0]  # b/<id>@<place>
-                elif not doc["reject"]:
-                    kept.write(json.dumps({"id": doc["source_id"], "text": doc["text"]}) + "\n")
-    (work / "removed.json").write_text(json.dumps(removed))
+    from datapipe import cli
+
+    recipe = {"name": "bench", "sources": [{"name": "b", "type": "jsonl", "paths": [str(corpus / "*.jsonl")],
+                                            "id_field": "id"}],
+              "stages": [{"stage": "dedup"}], "phases": [], "ray": {"num_cpus": WORKERS, "object_store_mb": 512}}
+    (work / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    sys.exit(cli.main(["run", str(work / "recipe.yaml"), "--out", str(work / "out"), "--no-report"]))
 
 
 def theirs_in_datatrove(corpus: Path, work: Path) -> None:
@@ -141,14 +132,14 @@ def theirs_in_datatrove(corpus: Path, work: Path) -> None:
 
 
 def whole_process(side: str, texts: list[str], work: Path) -> float:
-    """Seconds from starting `bench/dedup.py --side SIDE` to its exit, on the corpus written to work/in."""
+    """Seconds from starting `bench/dedup.py --side SIDE` to its exit, on the corpus written to work/in:
+    the same two files for both sides, halves of the corpus in order (so the run's order is the corpus')."""
     (work / "in").mkdir(parents=True)
-    if side == "ours":  # one file in corpus order: the run's order, so survivors match find_clusters'
-        with open(work / "in" / "all.jsonl", "w") as out:
-            out.writelines(json.dumps({"id": str(i), "text": text}) + "\n" for i, text in enumerate(texts))
-    for part in range(WORKERS if side != "ours" else 0):  # datatrove reads a folder, one file a task
+    half = -(-len(texts) // WORKERS)
+    for part in range(WORKERS):  # datatrove reads a folder, one file a task; ours, a partition a file
         with open(work / "in" / f"{part}.jsonl", "w") as out:
-            out.writelines(json.dumps({"id": str(i), "text": texts[i]}) + "\n" for i in range(part, len(texts), WORKERS))
+            out.writelines(json.dumps({"id": str(i), "text": texts[i]}) + "\n"
+                           for i in range(part * half, min((part + 1) * half, len(texts))))
     started = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's datapipe, in the child and Ray's workers
     subprocess.run([sys.executable, __file__, "--side", side, "--work", str(work)], check=True, env=env,
@@ -157,10 +148,21 @@ def whole_process(side: str, texts: list[str], work: Path) -> float:
 
 
 def removed_by(side: str, work: Path, count: int) -> dict[int, int | None]:
-    if side == "ours":
-        return {int(k): int(v) for k, v in json.loads((work / "removed.json").read_text()).items()}
-    kept = {int(json.loads(line)["id"]) for f in (work / "out").glob("*.jsonl.gz") for line in gzip.open(f)}
-    return dict.fromkeys(set(range(count)) - kept)
+    """{removed document: its survivor (ours) or None (datatrove does not say)}, from each side's output."""
+    if side == "datatrove":
+        kept = {int(json.loads(line)["id"]) for f in (work / "out").glob("*.jsonl.gz") for line in gzip.open(f)}
+        return dict.fromkeys(set(range(count)) - kept)
+    import zstandard
+
+    removed = {}
+    for path in (work / "out" / "rejects").glob("*.jsonl"):
+        for record in map(json.loads, path.open()):
+            if record["reject"].startswith("dedup."):  # a survivor's id: b/<id>@<place>
+                removed[int(record["source_id"])] = int(record["notes"]["dedup"]["cluster"].split("/")[-1].split("@")[0])
+    kept = sum(1 for f in (work / "out" / "documents").glob("*.jsonl.zst")
+               for _ in zstandard.ZstdDecompressor().stream_reader(f.open("rb")).read().split(b"\n") if _)
+    assert kept + len(removed) == count, "every document is kept or removed as a duplicate"
+    return removed
 
 
 def jaccard(a: str, b: str) -> float:
@@ -224,7 +226,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
-        (ours_on_ray if args.side == "ours" else theirs_in_datatrove)(args.work / "in", args.work)
+        (ours_with_the_cli if args.side == "ours" else theirs_in_datatrove)(args.work / "in", args.work)
         return
     if not DATA.is_file():
         sys.exit(f"bench dedup: needs {DATA}")

@@ -114,6 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if full is None:
             raise
         return report_disk_full(full, out)
+    stop_ray()  # now, not at exit: Ray's exit hook first sleeps 0.5 s for log lines nobody waits for
     console.print(summary_table(stats, f"{recipe.name} -> {out}"))
     if not args.no_report and Path(out).is_dir() and not report_is_current(Path(out)):  # `datapipe report` for others
         write_run_report(Path(out))

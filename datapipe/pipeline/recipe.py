@@ -124,7 +124,9 @@ class Recipe(Strict):
     seed: int = 0  # every random choice (generators, shuffles) derives from it
     sources: list[SourceConfig] = Field(min_length=1)
     stages: list[SerializeAsAny[StageConfig]] = []  # each validated against its stage's own Config
-    phases: list[CurriculumPhase] = Field([CurriculumPhase()], min_length=1)  # the curriculum, in training order
+    # The curriculum, in training order. [] writes no shards: the documents that pass every stage are the
+    # output (out/<run>/documents/p000123.jsonl.gz, one file a partition), as text tools exchange them.
+    phases: list[CurriculumPhase] = Field([CurriculumPhase()])
     shards: ShardConfig = ShardConfig()
     ray: RayConfig = RayConfig()
     base_dir: Path = Path(".")  # the recipe's folder; set by load_recipe, not by the YAML
@@ -174,6 +176,9 @@ def validate_recipe(raw: dict[str, Any], path: Path | str = "<recipe>") -> Recip
         recipe, problems = None, problems + error_lines(err, Recipe)
     stages, stage_problems = validate_stages(raw.get("stages") or [])
     problems += stage_problems + cross_problems(recipe, raw) + stage_source_problems(recipe, stages)
+    if raw.get("phases") != [] and "tokenize" not in stage_names(raw):
+        problems.append("stages: a recipe that writes shards needs a `- stage: tokenize` entry (or `phases: []` "
+                        "to write the cleaned documents instead)")
     if problems:
         raise RecipeError(f"{path}: invalid recipe", problems)
     stages = [resolve_paths(stage, recipe.base_dir) for stage in stages]
@@ -244,9 +249,13 @@ def validate_stages(entries: Any) -> tuple[list[StageConfig], list[str]]:
         stage, stage_problems = validate_stage(entry, index)
         stages += [stage] if stage is not None else []
         problems += stage_problems
-    if "tokenize" not in [entry.get("stage") for entry in entries if isinstance(entry, dict)]:
-        problems.append("stages: a recipe that writes shards needs a `- stage: tokenize` entry")
     return stages, problems
+
+
+def stage_names(raw: dict[str, Any]) -> list[str]:
+    """The stage names a raw recipe lists, valid entries or not."""
+    entries = raw.get("stages") if isinstance(raw.get("stages"), list) else []
+    return [entry.get("stage") for entry in entries if isinstance(entry, dict)]
 
 
 def validate_stage(entry: Any, index: int) -> tuple[StageConfig | None, list[str]]:

@@ -56,6 +56,7 @@ from datapipe.pipeline.partition_task import (
     stage_folder,
 )
 from datapipe.pipeline.partitions import (
+    DOCUMENTS,
     CommitSettings,
     Partition,
     PartitionLog,
@@ -109,8 +110,9 @@ def run_recipe(recipe: Recipe, out_dir: Path | str | None = None, ray_address: s
     phases, packed = pack_phases(recipe, partitions, run, console)
     stats = run_stats(recipe, partitions, account_partitions(recipe, partitions, run), phases, packed, started)
     run.target.write_bytes("stats.json", json.dumps(stats, indent=2).encode())
+    documents = {} if recipe.phases else {"documents": f"{DOCUMENTS}/"}  # no phases: where the documents are
     write_run_manifest(run.target, [{"name": phase.name} for phase in recipe.phases],  # last: the run is done
-                       {"recipe": recipe.name, "seed": recipe.seed})
+                       {"recipe": recipe.name, "seed": recipe.seed, **documents})
     run.finish()
     return stats
 
@@ -130,7 +132,7 @@ def commit_documents(recipe: Recipe, plan: list[dict[str, Any]], run: RunFolder,
         console.print(f"{len(plan) - len(todo)} of {len(plan)} partitions were committed by an earlier attempt",
                       highlight=False)
     if todo:
-        settings = CommitSettings(run.work, special_ids(recipe), tuple(recipe.phases),
+        settings = CommitSettings(run.work, special_ids(recipe) if recipe.phases else None, tuple(recipe.phases),
                                   tuple(source.name for source in recipe.sources), recipe.seed)
         if uses_partition_tasks(recipe):
             committed = run_partition_tasks(recipe, plan, todo, settings, console)
@@ -284,6 +286,8 @@ def pack_phases(recipe: Recipe, partitions: list[Partition], run: RunFolder,
     "pack <phase>" ([start ms, end ms, documents, tokens]: timeline.throughput's entries)."""
     import ray
 
+    if not recipe.phases:  # the documents are the output (account_partitions writes them)
+        return {}, []
     started, names = time.monotonic(), [source.name for source in recipe.sources]
     tokens = [part.stats.get("tokens", 0) for part in partitions]  # each partition's live tokens
     jobs, results, targets = [], {}, {}
@@ -334,14 +338,16 @@ def write_phase(recipe: Recipe, phase, groups: list[dict[str, Any]], targets, ru
 
 def account_partitions(recipe: Recipe, partitions: list[Partition], run: RunFolder,
                        phases: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every partition's late rejects and rejects file (Ray tasks; a killed run's read back). With
-    phases=[] (a run that stops before packing) only the readers' and stages' rejects are written."""
+    """Every partition's late rejects and rejects file (Ray tasks; a killed run's read back), and in a run
+    without phases its documents file. With phases=[] (a run that stops before packing) only the readers'
+    and stages' rejects are written."""
     import ray
 
+    documents = not recipe.phases and phases is None
     phases = [phase.name for phase in recipe.phases] if phases is None else phases
     account = ray.remote(account_partition).options(num_cpus=1, max_retries=3)
     stored = [run.work.read_text(account_name(part.index)) for part in partitions]
-    refs = [account.remote(part, phases, run.work, run.target) if text is None else None
+    refs = [account.remote(part, phases, run.work, run.target, documents) if text is None else None
             for part, text in zip(partitions, stored)]
     return [json.loads(text) if text is not None else ray.get(ref) for text, ref in zip(stored, refs)]
 
