@@ -11,6 +11,8 @@ import pytest
 from datapipe import cli, stream
 from datapipe.pipeline.apply import apply_stage
 from datapipe.pipeline.inspect import read_rejects
+from datapipe.pipeline.recipe import TabularSource as JsonlConfig
+from datapipe.readers.tabular import read_jsonl
 from datapipe.schema import docs_from_table, docs_to_table, new_document
 from datapipe.text.normalize import Config as NormalizeConfig
 from datapipe.text.normalize import make_stage as make_normalize
@@ -93,6 +95,40 @@ def test_every_token_comes_back_from_the_shards(finished_run, tiny_tokenizer):
 # missing.jsonl 2, rest.parquet 3)
 GOOD_IDS = ([f"web/{r['id']}@0:{i}" for i, r in enumerate(GOOD[:20])] + [f"web/{r['id']}@1:{i}" for i, r in
             enumerate(GOOD[20:30])] + [f"table/{r['id']}@3:{i}" for i, r in enumerate(GOOD[30:])])
+
+
+def test_a_recipe_without_phases_writes_its_documents(finished_run, tmp_path, capsys):
+    """phases: [] needs no tokenize stage and writes the documents that pass every stage, one JSON line
+    each (zstd), in run order, that the jsonl reader reads back; rejects as in any run; no shards."""
+    import yaml
+    import zstandard
+
+    recipe = yaml.safe_load((finished_run.parent / "tiny.yaml").read_text())
+    recipe.update(phases=[], stages=[{"stage": "normalize"}])
+    (finished_run.parent / "docs.yaml").write_text(yaml.safe_dump(recipe))  # beside the inputs it names
+    assert cli.main(["run", str(finished_run.parent / "docs.yaml"), "--out", str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    stats = json.loads((out / "stats.json").read_text())
+    files = sorted((out / "documents").glob("*.jsonl.zst"))
+    lines = [json.loads(line) for f in files for line in zstandard.decompress(f.read_bytes()).decode().splitlines()]
+    assert stats["balanced"] and len(lines) == sum(stats["written"].values()) == len(GOOD) + 30
+    assert stats["rejected"] == json.loads((finished_run / "stats.json").read_text())["rejected"]
+    assert {line["text"] for line in lines if line["source"] != "code"} == {make_normalize(NormalizeConfig(stage="normalize"))(
+        [new_document("web", "x", row["text"])])[0]["text"] for row in GOOD}
+    assert all(line["transforms"] == ["normalize"] and "tokens" not in line for line in lines)
+    assert [line["id"] for line in lines if line["source"] == "code"] == [f"code/{i}" for i in range(30)]  # run order
+    assert not list(out.glob("*/manifest.json")) and json.loads((out / "run.json").read_text())["phases"] == []
+    reread = [doc["text"] for f in files for doc in read_jsonl(JsonlConfig(name="again", type="jsonl", paths=["*"]), str(f))]
+    assert reread == [line["text"] for line in lines]
+    with pytest.raises(ValueError, match="wrote documents .*not shards"):
+        stream(out)
+    capsys.readouterr()
+    assert cli.main(["inspect", str(out)]) == 0
+    assert f"documents: {len(lines)} in {len(files)} files" in capsys.readouterr().err
+    del recipe["phases"]
+    (finished_run.parent / "shards.yaml").write_text(yaml.safe_dump(recipe))
+    assert cli.main(["run", str(finished_run.parent / "shards.yaml"), "--out", str(tmp_path / "none")]) == 2
+    assert "needs a `- stage: tokenize` entry (or `phases: []`" in capsys.readouterr().err
 
 
 def test_repeated_id_field_values_give_unique_ids_in_the_shards(finished_run):

@@ -402,8 +402,12 @@ def load_phases(source: str | Path | list[str | Path]) -> list[Phase]:
     location = str(source)
     run = fetch.read_text(fetch.join(location, RUN_MANIFEST))
     if run is not None:
+        manifest = json.loads(run)
+        if not run_phases(manifest) and "documents" in manifest:
+            raise ValueError(f"{location}: this run wrote documents ({manifest['documents']}), not shards: its recipe "
+                             "has `phases: []`; give it phases and a tokenize stage to write shards for a trainer")
         return [load_phase(fetch.join(location, entry["name"]), entry.get("token_budget"))
-                for entry in run_phases(json.loads(run))]
+                for entry in run_phases(manifest)]
     return [load_phase(location, None)]
 
 

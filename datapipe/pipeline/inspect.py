@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from datapipe.loader.stream import stream
+from datapipe.pipeline.partitions import DOCUMENTS
 from datapipe.pipeline.report import phase_figures, summary_table
 from datapipe.shardformat import MANIFEST, phase_name, read_manifest
 
@@ -26,6 +27,10 @@ def inspect_run(out_dir: Path, n_samples: int, console: Console) -> None:
         console.print(phase_table(folder, phase_figures(stats).get(folder.name, {})))
         for sample in islice(stream(folder), n_samples):
             console.print(describe_sample(sample, decode), highlight=False)
+    files = sorted(out_dir.glob(f"{DOCUMENTS}/*.jsonl.zst"))
+    if files:  # a run without phases: its documents are the output
+        console.print(f"documents: {sum(stats['written'].values()):,} in {len(files):,} files under "
+                      f"{escape(str(out_dir / DOCUMENTS))}/ (JSON lines, zstd)", highlight=False)
     show_reject_examples(out_dir, console)
 
 
