@@ -4,7 +4,8 @@ The driver plans; the workers do the work and write their own outputs to the run
 fsspec location: datapipe.storage), and nothing that grows with the corpus reaches the driver.
 
 1. Documents: when every stage can share a worker process, one Ray task per partition reads it,
-   runs every stage and commits it (datapipe.pipeline.partition_task). Otherwise a streaming Ray
+   runs every stage and commits it (datapipe.pipeline.partition_task), in passes cut at each global
+   stage, whose decision the driver has made on the cluster between two passes. Otherwise a streaming Ray
    Data plan, read top to bottom: one read operator per source (a Ray
    task per input partition: a file or a generator range, the ones not yet committed), their
    union, each recipe stage as a `map_batches` operator (tasks for plain functions, an actor pool
