@@ -103,7 +103,7 @@ def command(commands, name: str, summary: str, example: str) -> argparse.Argumen
 
 def cmd_run(args: argparse.Namespace) -> int:
     from datapipe.pipeline.report import summary_table
-    from datapipe.pipeline.runner import run_recipe
+    from datapipe.pipeline.runner import disconnect, run_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     out = args.out or str(Path("out") / recipe.name)
@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if full is None:
             raise
         return report_disk_full(full, out)
-    stop_ray()  # now, not at exit: Ray's exit hook first sleeps 0.5 s for log lines nobody waits for
+    disconnect()  # the Ray it started stops now, not at exit: Ray's exit hook first sleeps 0.5 s for log lines
     console.print(summary_table(stats, f"{recipe.name} -> {out}"))
     if not args.no_report and Path(out).is_dir() and not report_is_current(Path(out)):  # `datapipe report` for others
         write_run_report(Path(out))
@@ -161,6 +161,9 @@ def stop_ray() -> None:
     """Disconnect from Ray (a local cluster stops) if the run started it, without printing the errors
     of tasks nobody waits for any more (Ray prints each as an "Unhandled error" when it arrives)."""
     os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+    runner = sys.modules.get("datapipe.pipeline.runner")  # imported by the run, which is what started Ray
+    if runner is not None:
+        runner.disconnect()
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()

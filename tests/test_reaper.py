@@ -144,6 +144,7 @@ def test_ctrl_c_and_a_normal_exit_leave_no_ray_process(tmp_path, tiny_tokenizer,
     assert finished.wait(START_S) == 0, (tmp_path / "done.stderr").read_text()
     assert (tmp_path / "done" / "run.json").exists()
     assert_nothing_left(finished, ray_tmp)
+    assert "datapipe: stopped" not in (tmp_path / "done.stderr").read_text()  # the run stopped its Ray itself
 
 
 def test_the_watchdog_stops_its_session_only(tmp_path):
@@ -176,6 +177,32 @@ os.kill(os.getpid(), 9)
         assert their_pid in reaper.processes(), "a process of another session was stopped"
     finally:
         os.kill(their_pid, signal.SIGKILL)
+
+
+def test_kill_monitor_takes_the_sessions_autoscaler_monitor_only(tmp_path):
+    """Stand-ins that ignore SIGTERM, as Ray's monitor outlasts it: the one whose script is the autoscaler
+    monitor and which logs in the session is killed; one of another session, and another script of
+    this session, are not."""
+    ours, theirs = tmp_path / "session_1", tmp_path / "session_2"
+    script = tmp_path / "ray" / "autoscaler" / "_private" / "monitor.py"
+    other = tmp_path / "log_monitor.py"
+    script.parent.mkdir(parents=True)
+    for path in (script, other):
+        path.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(300)\n")
+    children = {}
+    for name, folder, path in (("monitor", ours, script), ("theirs", theirs, script), ("other", ours, other)):
+        folder.mkdir(exist_ok=True)
+        children[name] = subprocess.Popen([sys.executable, "-u", str(path), f"--logs-dir={folder}/logs"])
+    try:
+        wait_until(lambda: all(reaper.is_monitor(child.pid) == (child.args[2] == str(script))
+                               for child in children.values()), 10, "the stand-ins did not start")
+        assert reaper.kill_monitor(str(ours)) == 1
+        assert children["monitor"].wait(10) == -signal.SIGKILL
+        assert children["theirs"].poll() is None and children["other"].poll() is None
+    finally:
+        for child in children.values():
+            child.kill()
+            child.wait()
 
 
 def test_the_session_folder_is_read_from_a_command_line():
