@@ -15,7 +15,7 @@ and of the server, which do not depend on how loaded the machine is.
 
 A 256-document batch (1,126 requests) is ~5.3 s at the ideal rate, so its ramp (the first
 documents being chunked) and its drain (the last ~300 ms) weigh; --docs 497 (every English web
-document of 300-1500 characters in the shared set: 2,190 requests) is a steadier run.
+document of 300-1500 characters in the shared set: 2,200 requests) is a steadier run.
 
     .venv/bin/python bench/rephrase_client.py [--docs 256] [--concurrency 64] [--latency-ms 300]
 """
