@@ -99,6 +99,34 @@ def test_recipe_needs_a_style_library():
         Config(stage="rephrase", styles=[{"name": "x", "system": "s", "prompt": "no placeholder"}])
 
 
+def test_documents_are_planned_longest_first_in_doubling_groups_with_the_chunks_of_one_batch():
+    from datapipe.llm.styles import load_styles
+    from datapipe.text.rephrase import plan_documents, plan_longest_first
+
+    cfg = Config(stage="rephrase", styles=PLAIN_STYLES, rewrites=2, chunk_tokens=16)
+    styles, count = load_styles(cfg.styles, None), local_backend().count_tokens
+    docs = [doc(i, " ".join([EIFFEL] * (1 + i % 7))) for i in range(40)]
+    plans = [None] * len(docs)
+    groups = [[slot.chunks for slot in slots] for slots in plan_longest_first(docs, plans, cfg, styles, count)]
+    assert [len(group) // 2 for group in groups] == [1, 2, 4, 8, 16, 9]  # 2 slots a document; the first alone
+    lengths = [len(chunks) for group in groups for chunks in group]
+    assert lengths == sorted(lengths, reverse=True)  # longest first
+    reference = plan_documents(docs, cfg, styles, count)  # the whole batch at once: the same chunks
+    assert [[s.chunks for s in plan.slots] for plan in plans] == [[s.chunks for s in plan.slots] for plan in reference]
+
+
+def test_each_request_goes_out_by_the_chunks_its_rewrite_has_left():
+    from datapipe.llm.fidelity import FidelityConfig
+    from datapipe.llm.rewriter import Rewriter, RewriteSettings, Slot
+    from datapipe.text.rephrase import CONTEXT_TEMPLATE
+
+    rewriter = Rewriter(local_backend(), None, RewriteSettings(FidelityConfig(min_cosine=None), CONTEXT_TEMPLATE))
+    style = Config(stage="rephrase", styles=PLAIN_STYLES).styles[0]
+    slot = Slot(["a. ", "b. ", "c. ", "d. ", "e."], [2] * 5, style, [], 0)
+    priorities = [rewriter.request(slot, ["rewrite"] * k)[0].priority for k in range(5)]
+    assert priorities == [-5, -4, -3, -2, -1]  # lowest first: the longest chain still to wait for
+
+
 @pytest.mark.slow
 def test_recipe_end_to_end_on_ray_accounts_for_every_record(tmp_path, tiny_tokenizer, ray_session):
     rows = [{"id": "eiffel", "text": EIFFEL}, {"id": "water", "text": WATER.split("\n\n")[0]},

@@ -57,7 +57,7 @@ class Request:
     max_new_tokens: int
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
-    priority: int = 0  # lower goes first when requests wait for a free slot: a started document's next chunk before a new one
+    priority: int = 0  # lower goes first when requests wait for a free slot: the rephrase stage's longest chains of chunks first
 
 
 @dataclass

@@ -6,10 +6,10 @@ server sees a steady `concurrency` requests instead of rounds that wait for thei
 - HTTP backends get their own async client (datapipe.llm.openai_http.OpenAIClient);
 - in-process backends (local transformers, vLLM) are wrapped in a Batcher: the requests waiting
   at that moment go to one generate() call in a worker thread, while the next batch gathers;
-- Limit admits `concurrency` requests, lowest Request.priority first: the rewriter numbers its
-  rewrites longest first, so a started document's next chunk overtakes new documents' first
-  chunks (a few dozen documents stream at a time instead of all of them crawling, whose last
-  chunks would then trail alone at the end), and the long ones start early, not last;
+- Limit admits `concurrency` requests, lowest Request.priority first: the rewriter gives each
+  chunk minus the chunks its rewrite has left, so the longest chains of answers still to wait
+  for go first and the batch ends with the server full until its last ~300 ms, not with the
+  last-started documents' chains trailing with a few requests in flight (~0.6 s of a 6 s batch);
 - Flight counts requests in flight over time (mean and peak), for the logs and bench/rephrase.py;
 - Breaker stops the run (BackendError, so the CLI exits non-zero with the message) when the
   backend is down or most requests fail, instead of rejecting a whole corpus as backend_error.

@@ -4,8 +4,8 @@ Each of a document's K rewrites is a Slot: one style walking the document's chun
 every request carrying the previous rewritten chunk(s) as context, as Kimi K2 rewrote long
 documents so that the pieces read as one text. Each slot is a coroutine: it sends its next chunk
 as soon as the previous one is back, while the gate judges that one, so a slow answer holds only
-its own document and the backend client keeps `concurrency` requests in flight, started documents
-first (datapipe.llm.client). The gate (datapipe.llm.fidelity) runs its text checks in a worker
+its own document and the backend client keeps `concurrency` requests in flight, the longest
+chains of chunks still to go first (chain_priority; datapipe.llm.client). The gate (datapipe.llm.fidelity) runs its text checks in a worker
 process (~1.5 ms of CPU a chunk that would hold the event loop: 30% of its core at 200 requests/s),
 the embedder in a worker thread, the LLM judge as one more request; then the slot advances,
 retries with a spare style (from chunk 0: a style change mid-document would not read as one
@@ -15,7 +15,6 @@ first failed check's name.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import weakref
@@ -47,7 +46,6 @@ class Slot:
     reason: str = ""  # the final failure (a fidelity check's name, "backend_error"...), "" on success
     failed_text: str = ""  # the rewrite as far as it got, with the answer that failed: for the rejects file
     done: bool = False
-    priority: int = 0  # its requests' Request.priority: its rank in the batch, first 0
 
 
 @dataclass
@@ -81,12 +79,11 @@ class Rewriter:
         judge = make_client(self.judge_backend) if self.judge_backend is not self.backend else client
         cosine = Gathered(self.cosines) if self.embedder else None
         gate = Gathered(self.check_batch) if self.settings.gate_processes else None
-        parts, rank = iter(planned), itertools.count()
+        parts = iter(planned)
         try:
             async with asyncio.TaskGroup() as group:
                 while (slots := await asyncio.to_thread(next, parts, None)) is not None:
                     for slot in slots:
-                        slot.priority = next(rank)  # earlier slots first: their requests overtake later ones
                         group.create_task(self.rewrite(slot, client, judge, cosine, gate))
         except* BackendError as errors:
             raise errors.exceptions[0] from None
@@ -155,7 +152,7 @@ class Rewriter:
         budget = math.ceil(slot.style.length_budget * slot.chunk_tokens[k]) + 16
         messages = [{"role": "system", "content": slot.style.system}, {"role": "user", "content": text}]
         request = Request(messages, min(budget, self.settings.max_new_tokens), slot.style.temperature, slot.style.top_p,
-                          slot.priority)
+                          chain_priority(slot, k))
         return request, context
 
     async def judge(self, slot: Slot, k: int, completion: Completion, context: str, judge, cosine, gate) -> fidelity.Verdict:
@@ -170,7 +167,7 @@ class Rewriter:
             fidelity.add_cosine(verdict, round(await cosine((source, completion.text)), 4), cfg)
         if not verdict.failed and cfg.judge is not None:
             answer = await judge.complete(Request(fidelity.judge_messages(source, completion.text, cfg.judge),
-                                                  cfg.judge.max_new_tokens, 0.0, priority=slot.priority))
+                                                  cfg.judge.max_new_tokens, 0.0, priority=chain_priority(slot, k)))
             fidelity.add_judge(verdict, answer.text if not answer.error else f"error: {answer.error}", cfg.judge)
         return verdict
 
@@ -192,6 +189,15 @@ class Rewriter:
             return
         slot.reason, slot.done = reason, True
         slot.failed_text = "\n\n".join([*slot.outputs, answer]).strip()
+
+
+def chain_priority(slot: Slot, k: int) -> int:
+    """Request.priority of chunk k: minus the chunks its rewrite has left, that one included, so
+    the longest chain of answers still to wait for goes first (Hu's rule, optimal for unit tasks
+    in chains). Ranking by the document's place in the batch let the last-started documents'
+    chains of 4-5 chunks trail with a few requests in flight: 6.2 s instead of 5.6 s for 1,126
+    requests at 64 x 300 ms, in a simulation and in bench/rephrase_client.py."""
+    return k - len(slot.chunks)
 
 
 def close_all(workers: list) -> None:

@@ -121,16 +121,18 @@ def make_embedder():
     return Embedder(device="cuda" if torch.cuda.is_available() else "cpu")
 
 
-PLAN_GROUP = 16  # documents chunked at a time: the first requests go out after ~16, not the whole batch
+PLAN_GROUP = 16  # the most documents chunked at a time (~35 ms of tokenizer work on web text)
 
 
 def plan_longest_first(docs: list[Document], plans: list[Plan], cfg: Config, styles, count) -> Iterator[list[Slot]]:
-    """Fills plans[i] for each document, longest first, PLAN_GROUP at a time, yielding their slots:
-    a long document's chain of chunks (one latency each) starts at once instead of trailing alone
-    at the end of the batch (longest-processing-time-first scheduling)."""
+    """Fills plans[i] for each document, longest first, in groups of 1, 2, 4... PLAN_GROUP, yielding
+    their slots: the first request goes out once one document is chunked (~3 ms, where a first
+    group of 16 took ~60 ms and 64 in flight came at ~0.4 s), and the long documents, whose chains
+    of chunks (one latency each) decide when the batch ends, are known first."""
     order = sorted(range(len(docs)), key=lambda i: -len(docs[i]["text"]))
-    for start in range(0, len(order), PLAN_GROUP):
-        group = order[start : start + PLAN_GROUP]
+    start, size = 0, 1
+    while start < len(order):
+        group, start, size = order[start : start + size], start + size, min(2 * size, PLAN_GROUP)
         for i, plan in zip(group, plan_documents([docs[i] for i in group], cfg, styles, count)):
             plans[i] = plan
         yield [slot for i in group for slot in plans[i].slots]
