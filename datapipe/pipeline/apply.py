@@ -117,7 +117,6 @@ def json_line(value: Any) -> str:
     return line
 
 
-
 def place_derived(docs: list[Document]) -> None:
     """Records a stage made from another (a rewrite) arrive with their parent's position: each gets the
     next free derived index of its record, so (partition, position) stays unique and ordered. Records

@@ -65,16 +65,12 @@ def split_passes(stages: list[StageConfig]) -> list[Pass]:
     """The recipe's stages cut at each global stage: one pass, the recipe whole, when it has none."""
     passes, opening, plain = [], None, []
     for index, cfg in enumerate(stages):
-        if is_global(cfg):
+        if registry.is_global(cfg.stage):
             passes.append(Pass(len(passes), opening, tuple(plain), (index, cfg)))
             opening, plain = (index, cfg), []
         else:
             plain.append(cfg)
     return [*passes, Pass(len(passes), opening, tuple(plain), None)]
-
-
-def is_global(cfg: StageConfig) -> bool:
-    return hasattr(registry.stage_module(cfg.stage), "transform_dataset")
 
 
 def stage_folder(work: Store, place: tuple[int, StageConfig]) -> Store:
@@ -182,7 +178,7 @@ def fits_partition_tasks(stages: list[StageConfig]) -> bool:
 
 
 def fits_task(cfg: StageConfig) -> bool:
-    if is_global(cfg) and not hasattr(registry.stage_module(cfg.stage), "gather"):
+    if registry.is_global(cfg.stage) and not hasattr(registry.stage_module(cfg.stage), "gather"):
         return False  # a global stage without a partition form (datapipe.stage) sees the whole dataset
     if type(cfg).actor and not type(cfg).in_partition_task:
         return False  # a browser or a model server: kept in an actor pool, shut down with it

@@ -125,7 +125,7 @@ class Recipe(Strict):
     sources: list[SourceConfig] = Field(min_length=1)
     stages: list[SerializeAsAny[StageConfig]] = []  # each validated against its stage's own Config
     # The curriculum, in training order. [] writes no shards: the documents that pass every stage are the
-    # output (out/<run>/documents/p000123.jsonl.gz, one file a partition), as text tools exchange them.
+    # output (out/<run>/documents/p000123.jsonl.zst, one file a partition), as text tools exchange them.
     phases: list[CurriculumPhase] = Field([CurriculumPhase()])
     shards: ShardConfig = ShardConfig()
     ray: RayConfig = RayConfig()
@@ -220,7 +220,7 @@ def stage_source_problems(recipe: Recipe | None, stages: list[StageConfig]) -> l
         if unknown:
             problems.append(f"stages.{i} ({stage.stage}).sources: unknown source {', '.join(unknown)}; "
                             f"the recipe's sources: {', '.join(known)}")
-        if stage.sources and hasattr(registry.stage_module(stage.stage), "transform_dataset"):
+        if stage.sources and registry.is_global(stage.stage):
             problems.append(f"stages.{i} ({stage.stage}).sources: a global stage sees every document; remove the key")
     return problems
 
@@ -282,7 +282,7 @@ def option_problems(stage: StageConfig, where: str) -> list[str]:
         problems.append(f"{where}.concurrency: {stage.stage} runs as Ray tasks, not an actor pool; drop "
                         f"concurrency (it bounds the pool of an actor stage: {', '.join(actor_stages())}); Ray "
                         "runs as many tasks as the cluster has room for")
-    if stage.num_gpus is not None and hasattr(registry.stage_module(stage.stage), "transform_dataset"):
+    if stage.num_gpus is not None and registry.is_global(stage.stage):
         problems.append(f"{where}.num_gpus: {stage.stage} is a global stage whose passes reserve CPUs only; "
                         "drop num_gpus")
     return problems

@@ -55,5 +55,10 @@ def stage_module(name: str) -> Any:
     return load(STAGES[name])
 
 
+def is_global(name: str) -> bool:
+    """A global stage sees the whole dataset (its module defines transform_dataset: datapipe.stage)."""
+    return hasattr(stage_module(name), "transform_dataset")
+
+
 def stage_config_class(name: str) -> type:
     return stage_module(name).Config

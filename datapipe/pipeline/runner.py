@@ -508,7 +508,7 @@ def check_actor_cpus(recipe: Recipe) -> None:
 
 def add_stage(dataset, cfg: StageConfig, work: Store | None = None):
     module = registry.stage_module(cfg.stage)
-    if hasattr(module, "transform_dataset"):
+    if registry.is_global(cfg.stage):
         # A global stage (dedup) must see the whole dataset, not one batch: it gets the dataset
         # and returns a new one, using only the dataset's own methods (materialize, map_batches,
         # groupby). Its per-record verdicts go through `map_documents`, so the accounting rules

@@ -104,7 +104,7 @@ def find_duplicates(docs: Any, cfg: Config, work: Store) -> str:
     work.remove(VERDICTS)  # a killed run's partial verdicts
     count = docs.count()
     one_task = count <= cfg.one_task_max_docs
-    buckets = 1 if one_task else bucket_count(count * (int(cfg.exact) + cfg.bands * int(cfg.near)))
+    buckets = 1 if one_task else key_buckets(count, cfg)
     keys = docs.map_batches(key_rows, fn_kwargs={"cfg": cfg, "buckets": buckets, "with_ids": one_task},
                             batch_size=cfg.batch_size, batch_format="pyarrow",
                             **cfg.reservation())  # MinHash: the recipe's resources
@@ -162,8 +162,8 @@ def decide(cfg: Config, tasks: GlobalTasks, partitions: list[int], live: int) ->
         if live <= cfg.one_task_max_docs:
             tasks.run_task(verdicts_of_key_files, tasks.work, cfg, partitions)
         else:
-            buckets = bucket_count(live * (int(cfg.exact) + cfg.bands * int(cfg.near)))
-            keys = tasks.dataset_of(partitions, partial(key_file_rows, work=tasks.work, buckets=buckets)).materialize()
+            keys = tasks.dataset_of(partitions, partial(key_file_rows, work=tasks.work,
+                                                        buckets=key_buckets(live, cfg))).materialize()
             edges = keys.groupby("bucket").map_groups(key_edges, batch_format="pyarrow").materialize()
             if edges.count():
                 write_verdicts(keys, key_id_rows, edges, tasks.work)
@@ -180,8 +180,7 @@ def key_file_rows(partition: int, work: Store, buckets: int):
     """A Ray task: a partition's key rows as gather wrote them, bucketed by key for the distributed passes."""
     import pyarrow as pa
 
-    folder = f"{KEYS}/p{partition:06d}"
-    table = pa.concat_tables([work.read_table(f"{folder}/{name}") for name in work.list(folder)])
+    table = pa.concat_tables(key_files(work, partition))
     bucket = (table.column("key").to_numpy() % np.uint64(buckets)).astype(np.int64)
     return table.set_column(table.schema.get_field_index("bucket"), "bucket", pa.array(bucket))
 
@@ -190,10 +189,19 @@ def verdicts_of_key_files(work: Store, cfg: Config, partitions: list[int]) -> in
     """A Ray task: every partition's key rows clustered in one task (verdicts_in_one_task); the files written."""
     import pyarrow as pa
 
-    tables = [work.read_table(f"{KEYS}/p{partition:06d}/{name}") for partition in partitions
-              for name in work.list(f"{KEYS}/p{partition:06d}")]
-    tables = [table for table in tables if len(table)]
+    tables = [table for partition in partitions for table in key_files(work, partition) if len(table)]
     return len(verdicts_in_one_task(pa.concat_tables(tables), cfg, work)) if tables else 0
+
+
+def key_files(work: Store, partition: int) -> list:
+    """The key-row tables gather wrote for a partition's blocks, in block order."""
+    folder = f"{KEYS}/p{partition:06d}"
+    return [work.read_table(f"{folder}/{name}") for name in work.list(folder)]
+
+
+def key_buckets(documents: int, cfg: Config) -> int:
+    """Buckets of the distributed key grouping: the key rows of `documents` (one a key, 15 a document by default)."""
+    return bucket_count(documents * (int(cfg.exact) + cfg.bands * int(cfg.near)))
 
 
 def check_done(done: str, cfg: Config, work: Store) -> str:
